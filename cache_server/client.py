@@ -1,0 +1,231 @@
+"""Python client for the cache server (httpx). Server errors come back as typed exceptions:
+
+    CacheClientError
+    ├── ServerUnreachable       no connection to the server
+    ├── ProtocolError           a response that is not what the API promises
+    └── ApiError                the server answered {"error": {"code", "message"}}
+        ├── InvalidRequestError 422: bad prompts, layers or ranges
+        ├── NotFoundError       404: unknown prompt or route
+        ├── PromptFailedError   409: the target failed on the prompt
+        └── NotReadyError       503: still computing (retry_after_s says when to ask again)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import httpx
+import torch
+
+from cache_server.wire import WireFormatError, parse
+from schemas.hidden import EMBED_TENSOR, HIDDEN_TENSOR, LM_HEAD_TENSOR, TOKEN_IDS_TENSOR, HiddenMetadata
+from schemas.model import ModelInfo
+from schemas.prompts import (
+    GenerateSpec,
+    PromptPage,
+    PromptSpec,
+    PromptState,
+    PromptStatus,
+    RegisteredPrompt,
+    RegisterRequest,
+    RegisterResponse,
+)
+
+
+class CacheClientError(Exception):
+    """Base of every error the client raises."""
+
+
+class ServerUnreachable(CacheClientError):
+    """No connection to the server (refused, DNS, timeout)."""
+
+
+class ProtocolError(CacheClientError):
+    """The server's response does not follow the API."""
+
+
+class ApiError(CacheClientError):
+    """The server reported an error as data."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+class InvalidRequestError(ApiError):
+    """422: the request was invalid (prompts, layers, ranges)."""
+
+
+class NotFoundError(ApiError):
+    """404: unknown prompt id or route."""
+
+
+class PromptFailedError(ApiError):
+    """409: the target failed on this prompt."""
+
+
+class NotReadyError(ApiError):
+    """503: the prompt is still being computed."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after_s: float) -> None:
+        super().__init__(status, code, message)
+        self.retry_after_s = retry_after_s
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {422: InvalidRequestError, 404: NotFoundError, 409: PromptFailedError}
+
+
+@dataclass(frozen=True)
+class HiddenResult:
+    hidden: torch.Tensor  # [T, len(layers) * H], the stored dtype
+    token_ids: torch.Tensor  # int64 [T]
+    metadata: HiddenMetadata
+
+
+@dataclass(frozen=True)
+class TargetHeads:
+    embed_tokens: torch.Tensor  # [V, H]
+    lm_head: torch.Tensor  # [V, H]
+    fingerprint: str
+
+
+def _raise_for_error(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        err = response.json()["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError):
+        raise ProtocolError(f"HTTP {response.status_code} without an error body: {response.text[:200]!r}") from None
+    if response.status_code == 503:
+        retry = float(response.headers.get("Retry-After", "1"))
+        raise NotReadyError(503, code, message, retry)
+    raise _BY_STATUS.get(response.status_code, ApiError)(response.status_code, code, message)
+
+
+class CacheClient:
+    """Synchronous client; use as a context manager or call close()."""
+
+    def __init__(self, base_url: str, *, timeout: float = 120.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+
+    def __enter__(self) -> CacheClient:
+        return self
+
+    def __exit__(self, *exc: tuple[type[BaseException], BaseException, TracebackType] | Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as e:
+            raise ServerUnreachable(f"cannot reach the cache server at {self.base_url}: {e}") from e
+        _raise_for_error(response)
+        return response
+
+    # -- JSON endpoints -------------------------------------------------------------------------
+
+    def model(self) -> ModelInfo:
+        return ModelInfo.model_validate(self._request("GET", "/model").json())
+
+    def register(
+        self, prompts: Iterable[PromptSpec | dict[str, Any]], *, max_new_tokens: int | None = None
+    ) -> list[RegisteredPrompt]:
+        specs = [p if isinstance(p, PromptSpec) else PromptSpec.model_validate(p) for p in prompts]
+        generate = GenerateSpec(max_new_tokens=max_new_tokens) if max_new_tokens else None
+        body = RegisterRequest(prompts=specs, generate=generate).model_dump(mode="json", exclude_none=True)
+        return RegisterResponse.model_validate(self._request("POST", "/prompts", json=body).json()).prompts
+
+    def prompt(self, prompt_id: str) -> PromptState:
+        return PromptState.model_validate(self._request("GET", f"/prompts/{prompt_id}").json())
+
+    def prompts(self, status: PromptStatus | None = None, page_size: int = 1000) -> list[PromptState]:
+        """Every registered prompt, paging through `GET /prompts`."""
+        out: list[PromptState] = []
+        while True:
+            params: dict[str, Any] = {"offset": len(out), "limit": page_size}
+            if status is not None:
+                params["status"] = status.value
+            page = PromptPage.model_validate(self._request("GET", "/prompts", params=params).json())
+            out.extend(page.prompts)
+            if not page.prompts or len(out) >= page.total:
+                return out
+
+    def wait_ready(self, prompt_ids: Sequence[str], *, timeout_s: float = 600.0, poll_s: float = 0.2) -> list[PromptState]:
+        """Poll until every prompt is ready; PromptFailedError on a failure, TimeoutError past the bound."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(dict.fromkeys(prompt_ids))
+        done: dict[str, PromptState] = {}
+        while pending:
+            for pid in list(pending):
+                state = self.prompt(pid)
+                if state.status == PromptStatus.failed:
+                    raise PromptFailedError(409, "prompt_failed", f"prompt {pid} failed: {state.error}")
+                if state.status == PromptStatus.ready:
+                    done[pid] = state
+                    pending.remove(pid)
+            if pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{len(pending)} prompts not ready after {timeout_s:.0f} s: {pending[:5]}")
+                time.sleep(poll_s)
+        return [done[pid] for pid in dict.fromkeys(prompt_ids)]
+
+    # -- tensor endpoints -----------------------------------------------------------------------
+
+    def _get_body(self, path: str, params: dict[str, Any] | None = None) -> bytearray:
+        """Stream a body into one buffer preallocated from Content-Length (no growing copies)."""
+        try:
+            with self._http.stream("GET", path, params=params) as response:
+                if not response.is_success:
+                    response.read()
+                    _raise_for_error(response)
+                size = int(response.headers.get("Content-Length", "-1"))
+                if size < 0:
+                    return bytearray(response.read())
+                buf = bytearray(size)
+                view, pos = memoryview(buf), 0
+                for chunk in response.iter_raw(1 << 20):
+                    view[pos : pos + len(chunk)] = chunk
+                    pos += len(chunk)
+                if pos != size:
+                    raise ProtocolError(f"body of {path} ended at {pos} of {size} bytes")
+                return buf
+        except httpx.TransportError as e:
+            raise ServerUnreachable(f"cannot reach the cache server at {self.base_url}: {e}") from e
+
+    def hidden(
+        self, prompt_id: str, layers: Sequence[int], *, start: int | None = None, stop: int | None = None
+    ) -> HiddenResult:
+        """Hidden states of `layers` (in this order) concatenated per token, with the token ids."""
+        params: dict[str, Any] = {"prompt_id": prompt_id, "layers": ",".join(str(k) for k in layers)}
+        if start is not None:
+            params["start"] = start
+        if stop is not None:
+            params["stop"] = stop
+        try:
+            tensors, meta = parse(self._get_body("/hidden", params))
+            metadata = HiddenMetadata.from_strings(meta)
+            result = HiddenResult(tensors[HIDDEN_TENSOR], tensors[TOKEN_IDS_TENSOR], metadata)
+        except (WireFormatError, KeyError, ValueError) as e:
+            raise ProtocolError(f"malformed /hidden body for {prompt_id}: {e}") from e
+        if metadata.layers != list(layers) or result.hidden.shape[1] != len(layers) * metadata.hidden_size:
+            raise ProtocolError(
+                f"asked for layers {list(layers)}, got {metadata.layers} with width {result.hidden.shape[1]}"
+            )
+        return result
+
+    def heads(self) -> TargetHeads:
+        """The target's embed_tokens and lm_head (what a DFlash drafter borrows)."""
+        try:
+            tensors, meta = parse(self._get_body("/target/heads"))
+            return TargetHeads(tensors[EMBED_TENSOR], tensors[LM_HEAD_TENSOR], meta["model_fingerprint"])
+        except (WireFormatError, KeyError) as e:
+            raise ProtocolError(f"malformed /target/heads body: {e}") from e

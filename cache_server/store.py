@@ -1,0 +1,454 @@
+"""Per-prompt, per-layer hidden states on disk (Zarr v3), published atomically under a model namespace.
+
+Layout: `<root>/<fingerprint>/prompts/<prompt_id>/{manifest.json, token_ids/, layers/<k>/}`, one zarr
+array `[T, H]` per layer, staged under `<root>/<fingerprint>/tmp/` and renamed in. The manifest is the
+only source of truth: a layer is served only once a published manifest lists it.
+
+Errors:
+
+    StoreError              base of everything raised here
+    ├── StoreInputError     arguments that can never succeed (shape, dtype, range, id, token mismatch)
+    ├── PromptNotStored     no published prompt with this id
+    ├── LayersNotStored     the published prompt lacks some requested layers
+    └── StoreCorrupt        a published prompt whose files don't match its manifest
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import zarr
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from cache_server import codec, dtypes
+from schemas.model import LAYER_CONVENTION
+
+log = logging.getLogger(__name__)
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_MANIFEST = "manifest.json"
+_OPEN_ARRAYS = 1024  # opened zarr arrays kept (LRU); opening one costs ~0.6 ms, a read ~10 ms per layer
+# Errors zarr/numcodecs raise on a missing or damaged array file.
+_READ_ERRORS = (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarrError)
+
+
+class StoreError(Exception):
+    """Base of the hidden-state store's errors."""
+
+
+class StoreInputError(StoreError):
+    """The arguments can never succeed: bad shape, dtype, range or id, or token ids that differ."""
+
+
+class PromptNotStored(StoreError):
+    """No published prompt has this id."""
+
+
+class LayersNotStored(StoreError):
+    """The published prompt does not hold some of the requested layers."""
+
+    def __init__(self, prompt_id: str, missing: Sequence[int]) -> None:
+        self.prompt_id = prompt_id
+        self.missing = tuple(missing)
+        super().__init__(f"prompt {prompt_id!r} has no stored layers {list(self.missing)}")
+
+
+class StoreCorrupt(StoreError):
+    """A published prompt whose files don't match its manifest."""
+
+
+class PromptManifest(BaseModel):
+    """What one published prompt holds; written last, so its presence means the data is complete."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    prompt_id: str
+    model_fingerprint: str
+    model_name: str
+    dtype: Literal["bfloat16", "float16", "float32"]
+    layer_convention: Literal["decoder_output_0based"] = LAYER_CONVENTION
+    layers: tuple[int, ...]
+    prompt_len: int
+    num_tokens: int
+    hidden_size: int
+    token_sha256: str
+    codec: str
+    created_at: str
+
+
+def token_sha256(token_ids: np.ndarray) -> str:
+    """sha256 of the int64 little-endian token id bytes."""
+    return hashlib.sha256(np.ascontiguousarray(token_ids, dtype="<i8").tobytes()).hexdigest()
+
+
+class HiddenStore:
+    """One model's hidden states under `root / fingerprint`.
+
+    One HiddenStore per namespace at a time (a lock file enforces it across processes): opening
+    deletes leftovers of interrupted writes, which would destroy a live writer's staging area.
+    The caller (a single-flight scheduler) never writes one prompt from two threads at once; a
+    per-prompt lock here guards it anyway. Reads need no lock: published files never change.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        fingerprint: str,
+        model_name: str,
+        hidden_size: int,
+        dtype: torch.dtype,
+        read_threads: int = 4,
+    ) -> None:
+        if not _SAFE_NAME.fullmatch(fingerprint):
+            raise StoreInputError(f"fingerprint {fingerprint!r} is not a safe directory name")
+        if not dtypes.is_supported(dtype):
+            raise StoreInputError(f"dtype {dtype} not supported (bfloat16, float16, float32)")
+        if hidden_size < 1 or read_threads < 1:
+            raise StoreInputError("hidden_size and read_threads must be >= 1")
+        self.fingerprint = fingerprint
+        self.model_name = model_name
+        self.hidden_size = hidden_size
+        self.dtype = dtype
+        self._dtype_name = dtypes.dtype_name(dtype)
+        self._storage_dtype = dtypes.storage_dtype(dtype)
+        self._ns = Path(root) / fingerprint
+        self._prompts = self._ns / "prompts"
+        self._tmp = self._ns / "tmp"
+        self._prompts.mkdir(parents=True, exist_ok=True)
+        self._lock_file = _lock_namespace(self._ns)
+        self._manifests: dict[str, PromptManifest] = {}
+        self._arrays: OrderedDict[tuple[str, int], zarr.Array[Any]] = OrderedDict()
+        self._guard = threading.Lock()
+        self._prompt_locks: dict[str, threading.Lock] = {}
+        self._pool = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="hidden-store")
+        try:
+            self._sweep()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- public -------------------------------------------------------------------------------
+
+    @property
+    def namespace(self) -> Path:
+        return self._ns
+
+    @property
+    def numpy_dtype(self) -> np.dtype[Any]:
+        """Element type of `read_into`'s `out` (ml_dtypes.bfloat16 for bf16): the tensor's exact bytes."""
+        return dtypes.numpy_dtype(self.dtype)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._lock_file.close()
+
+    def __enter__(self) -> HiddenStore:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
+    def manifest(self, prompt_id: str) -> PromptManifest | None:
+        """The published manifest, or None (unknown id, or an unfinished write)."""
+        _check_name(prompt_id, "prompt id")
+        with self._guard:
+            cached = self._manifests.get(prompt_id)
+        if cached is not None:
+            return cached
+        path = self._prompts / prompt_id / _MANIFEST
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        loaded = self._parse_manifest(prompt_id, text)
+        with self._guard:
+            self._manifests[prompt_id] = loaded
+        return loaded
+
+    def list_manifests(self) -> list[PromptManifest]:
+        """Every published prompt, sorted by id; unreadable manifests are logged and skipped."""
+        found = []
+        for prompt_id in sorted(p.name for p in self._prompts.iterdir()):
+            try:
+                m = self.manifest(prompt_id)
+            except StoreError as e:
+                log.warning("skipping prompt %s: %s", prompt_id, e)
+                continue
+            if m is not None:
+                found.append(m)
+        return found
+
+    def token_ids(self, prompt_id: str) -> np.ndarray:
+        """int64 [T], checked against the manifest's hash."""
+        m = self._require(prompt_id)
+        try:
+            ids = np.asarray(self._open(prompt_id, "token_ids")[:], dtype=np.int64)
+        except _READ_ERRORS as e:
+            raise StoreCorrupt(f"prompt {prompt_id!r}: token ids unreadable: {e}") from e
+        if token_sha256(ids) != m.token_sha256:
+            raise StoreCorrupt(f"prompt {prompt_id!r}: token ids do not match the manifest's hash")
+        return ids
+
+    def write(
+        self,
+        prompt_id: str,
+        token_ids: np.ndarray,
+        prompt_len: int,
+        layers: Mapping[int, torch.Tensor],
+    ) -> PromptManifest:
+        """Publish `layers` ({k: [T, H] CPU tensor}); on a published prompt, add the ones it lacks."""
+        _check_name(prompt_id, "prompt id")
+        ids = self._check_tokens(token_ids, prompt_len)
+        data = {_layer_id(k): self._check_layer(k, t, len(ids)) for k, t in layers.items()}
+        data = dict(sorted(data.items()))
+        if not data:
+            raise StoreInputError("write needs at least one layer")
+        sha = token_sha256(ids)
+        with self._prompt_lock(prompt_id):
+            old = self.manifest(prompt_id)
+            if old is not None:
+                if old.token_sha256 != sha or old.prompt_len != prompt_len:
+                    raise StoreInputError(
+                        f"prompt {prompt_id!r} is stored with other token ids or prompt_len "
+                        f"({old.num_tokens} tokens, prompt_len {old.prompt_len})"
+                    )
+                data = {k: v for k, v in data.items() if k not in old.layers}
+                if not data:
+                    return old
+            staging = self._tmp / uuid.uuid4().hex
+            try:
+                self._stage(staging, data, ids if old is None else None)
+                return self._publish(prompt_id, staging, old, ids, prompt_len, sorted(data))
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def read_into(
+        self,
+        prompt_id: str,
+        layers: Sequence[int],
+        out: np.ndarray,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> None:
+        """Fill `out[:, i*H:(i+1)*H]` with rows start:stop of layer `layers[i]`, in request order.
+
+        `out` is `[stop - start, len(layers) * H]` of `numpy_dtype`, typically a view into a
+        response buffer; each layer is decoded straight into its column slice (zarr `out=`).
+        """
+        m = self._require(prompt_id)
+        missing = sorted(set(layers) - set(m.layers))
+        if missing:
+            raise LayersNotStored(prompt_id, missing)
+        stop = m.num_tokens if stop is None else stop
+        if not 0 <= start <= stop <= m.num_tokens:
+            raise StoreInputError(f"rows [{start}, {stop}) outside prompt {prompt_id!r} of {m.num_tokens}")
+        h = self.hidden_size
+        want = (stop - start, len(layers) * h)
+        if out.dtype != self.numpy_dtype or out.shape != want or not out.flags.writeable:
+            raise StoreInputError(
+                f"out must be a writeable {self.numpy_dtype} array of shape {want}, "
+                f"got {out.dtype} {out.shape}"
+            )
+        if stop == start or not layers:
+            return
+        raw = out.view(self._storage_dtype)
+        jobs = [(k, raw[:, i * h : (i + 1) * h]) for i, k in enumerate(layers)]
+        if len(jobs) == 1:
+            self._read_layer(m, *jobs[0], start, stop)
+            return
+        futures = [self._pool.submit(self._read_layer, m, k, dst, start, stop) for k, dst in jobs]
+        wait(futures)  # all of them: none may still be writing into `out` once we return or raise
+        for f in futures:
+            f.result()
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _require(self, prompt_id: str) -> PromptManifest:
+        m = self.manifest(prompt_id)
+        if m is None:
+            raise PromptNotStored(f"prompt {prompt_id!r} is not stored for model {self.fingerprint}")
+        return m
+
+    def _open(self, prompt_id: str, rel: str) -> zarr.Array[Any]:
+        try:
+            return codec.open_array(self._prompts / prompt_id / rel)
+        except _READ_ERRORS as e:
+            raise StoreCorrupt(f"prompt {prompt_id!r}: {rel} unreadable: {e}") from e
+
+    def _layer_array(self, m: PromptManifest, layer: int) -> zarr.Array[Any]:
+        # Opening parses zarr.json; published arrays never change, so recently used ones are kept.
+        prompt_id = m.prompt_id
+        key = (prompt_id, layer)
+        with self._guard:
+            arr = self._arrays.get(key)
+            if arr is not None:
+                self._arrays.move_to_end(key)
+        if arr is None:
+            arr = self._open(prompt_id, f"layers/{layer}")
+            if arr.shape != (m.num_tokens, self.hidden_size) or arr.dtype != self._storage_dtype:
+                raise StoreCorrupt(
+                    f"prompt {prompt_id!r} layer {layer}: array {arr.dtype} {arr.shape} does not match "
+                    f"the manifest ({m.num_tokens}, {self.hidden_size})"
+                )
+            with self._guard:
+                self._arrays[key] = arr
+                if len(self._arrays) > _OPEN_ARRAYS:
+                    self._arrays.popitem(last=False)
+        return arr
+
+    def _read_layer(self, m: PromptManifest, layer: int, dst: np.ndarray, start: int, stop: int) -> None:
+        arr = self._layer_array(m, layer)
+        try:
+            codec.read_rows(arr, self._prompts / m.prompt_id / "layers" / str(layer), start, stop, dst)
+        except _READ_ERRORS as e:
+            raise StoreCorrupt(f"prompt {m.prompt_id!r} layer {layer}: {e}") from e
+
+    def _parse_manifest(self, prompt_id: str, text: str) -> PromptManifest:
+        try:
+            m = PromptManifest.model_validate_json(text)
+        except ValidationError as e:
+            raise StoreCorrupt(f"prompt {prompt_id!r}: manifest unreadable: {e}") from e
+        expected = (prompt_id, self.fingerprint, self._dtype_name, self.hidden_size)
+        if (m.prompt_id, m.model_fingerprint, m.dtype, m.hidden_size) != expected:
+            raise StoreCorrupt(
+                f"prompt {prompt_id!r}: manifest says {m.prompt_id}/{m.model_fingerprint}/{m.dtype}/"
+                f"H={m.hidden_size}, this store is {self.fingerprint}/{self._dtype_name}/H={self.hidden_size}"
+            )
+        return m
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def _check_tokens(self, token_ids: np.ndarray, prompt_len: int) -> np.ndarray:
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise StoreInputError(f"token_ids must be a non-empty 1-D int array, got {ids.dtype} {ids.shape}")
+        if not 1 <= prompt_len <= ids.size:
+            raise StoreInputError(f"prompt_len {prompt_len} outside [1, {ids.size}]")
+        return np.ascontiguousarray(ids, dtype="<i8")
+
+    def _check_layer(self, layer: int, t: torch.Tensor, num_tokens: int) -> np.ndarray:
+        want = (num_tokens, self.hidden_size)
+        if t.dtype != self.dtype or t.device.type != "cpu" or tuple(t.shape) != want:
+            raise StoreInputError(
+                f"layer {layer}: expected a CPU {self.dtype} tensor of shape {list(want)}, "
+                f"got {t.device.type} {t.dtype} {list(t.shape)}"
+            )
+        return dtypes.tensor_to_storage(t)
+
+    def _stage(self, staging: Path, data: Mapping[int, np.ndarray], ids: np.ndarray | None) -> None:
+        """Write the new arrays under `staging` and make them durable."""
+        for k, a in data.items():
+            codec.write_array(staging / "layers" / str(k), a, compress=True)
+        if ids is not None:
+            codec.write_array(staging / "token_ids", ids, compress=False)
+        codec.fsync_tree(staging)
+
+    def _publish(
+        self,
+        prompt_id: str,
+        staging: Path,
+        old: PromptManifest | None,
+        ids: np.ndarray,
+        prompt_len: int,
+        new_layers: list[int],
+    ) -> PromptManifest:
+        prompt_dir = self._prompts / prompt_id
+        if old is None:
+            # A prompt dir without a manifest is an interrupted write: never published, safe to drop.
+            shutil.rmtree(prompt_dir, ignore_errors=True)
+            (prompt_dir / "layers").mkdir(parents=True)
+            os.rename(staging / "token_ids", prompt_dir / "token_ids")
+        for k in new_layers:
+            dest = prompt_dir / "layers" / str(k)
+            shutil.rmtree(dest, ignore_errors=True)  # unlisted leftover of an interrupted add
+            os.rename(staging / "layers" / str(k), dest)
+        for d in (prompt_dir / "layers", prompt_dir, self._prompts):
+            codec.fsync_dir(d)
+        itemsize = self._storage_dtype.itemsize
+        m = PromptManifest(
+            prompt_id=prompt_id,
+            model_fingerprint=self.fingerprint,
+            model_name=self.model_name,
+            dtype=self._dtype_name,  # type: ignore[arg-type]  # checked by is_supported in __init__
+            layers=tuple(sorted({*new_layers, *(old.layers if old else ())})),
+            prompt_len=prompt_len,
+            num_tokens=len(ids),
+            hidden_size=self.hidden_size,
+            token_sha256=token_sha256(ids),
+            codec=old.codec if old else codec.describe(itemsize),
+            created_at=old.created_at if old else datetime.now(UTC).isoformat(),
+        )
+        codec.replace_file(prompt_dir / _MANIFEST, m.model_dump_json(indent=1).encode())
+        with self._guard:
+            self._manifests[prompt_id] = m
+        return m
+
+    @contextmanager
+    def _prompt_lock(self, prompt_id: str) -> Iterator[None]:
+        with self._guard:
+            lock = self._prompt_locks.setdefault(prompt_id, threading.Lock())
+        with lock:
+            yield
+
+    # -- recovery -------------------------------------------------------------------------------
+
+    def _sweep(self) -> None:
+        """Delete what interrupted writes left: staging dirs, unpublished prompts, unlisted layers."""
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._tmp.mkdir()
+        for prompt_dir in self._prompts.iterdir():
+            if not (prompt_dir / _MANIFEST).is_file():
+                log.info("removing unpublished prompt dir %s", prompt_dir)
+                shutil.rmtree(prompt_dir, ignore_errors=True)
+                continue
+            for stray in prompt_dir.glob(f"{_MANIFEST}.*"):
+                stray.unlink()
+            try:
+                m = self.manifest(prompt_dir.name)
+            except StoreError as e:
+                log.warning("leaving unreadable prompt %s in place: %s", prompt_dir.name, e)
+                continue
+            listed = {str(k) for k in m.layers} if m else set()
+            layers_dir = prompt_dir / "layers"
+            for layer_dir in layers_dir.iterdir() if layers_dir.is_dir() else ():
+                if layer_dir.name not in listed:
+                    log.info("removing unpublished layer dir %s", layer_dir)
+                    shutil.rmtree(layer_dir, ignore_errors=True)
+
+
+def _layer_id(layer: object) -> int:
+    if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or layer < 0:
+        raise StoreInputError(f"layer ids must be ints >= 0, got {layer!r}")
+    return int(layer)
+
+
+def _check_name(name: str, what: str) -> None:
+    if not _SAFE_NAME.fullmatch(name):
+        raise StoreInputError(f"{what} {name!r} must match {_SAFE_NAME.pattern}")
+
+
+def _lock_namespace(ns: Path) -> Any:
+    f = open(ns / ".lock", "a")  # noqa: SIM115  # held open for the store's lifetime
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as e:
+        f.close()
+        raise StoreError(f"{ns} is already open by another HiddenStore") from e
+    return f

@@ -1,0 +1,168 @@
+"""The target LLM: tokenizing prompts, greedy responses, and capturing decoder-layer outputs.
+
+Layer k is the output of decoder layer k (0-based), captured with forward hooks so that the last
+layer is its raw output rather than HF's final-normed `hidden_states[-1]`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from cache_server.errors import InvalidPrompt
+from cache_server.fingerprint import target_fingerprint
+from schemas.prompts import PromptSpec
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but no CUDA device is available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """bf16 on GPU and fp32 on CPU unless asked otherwise."""
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[dtype]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    name: str
+    fingerprint: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    max_positions: int
+    dtype: torch.dtype
+
+
+class Target:
+    """A loaded causal LM plus its tokenizer. Not thread-safe: one compute thread owns it."""
+
+    def __init__(self, model_dir: Path, *, device: str = "auto", dtype: str | None = None) -> None:
+        self.device = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, self.device)
+        if not (model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"--model {model_dir} is not a Hugging Face model directory (no config.json)")
+        fingerprint = target_fingerprint(model_dir, dtype_name(torch_dtype))
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(self.device).eval()
+        cfg = self.model.config
+        self.layers = self.model.model.layers
+        self.info = TargetInfo(
+            name=model_dir.resolve().name,
+            fingerprint=fingerprint,
+            num_layers=len(self.layers),
+            hidden_size=int(cfg.hidden_size),
+            vocab_size=int(cfg.vocab_size),
+            max_positions=int(getattr(cfg, "max_position_embeddings", 1 << 30)),
+            dtype=torch_dtype,
+        )
+        log.info("target %s loaded on %s as %s (fingerprint %s)", self.info.name, self.device, torch_dtype, fingerprint)
+
+    # -- prompts --------------------------------------------------------------------------------
+
+    def encode(self, spec: PromptSpec) -> list[int]:
+        """Prompt token ids for a spec; raises InvalidPrompt for ids outside the vocabulary."""
+        if spec.token_ids is not None:
+            ids = list(spec.token_ids)
+        elif spec.messages is not None:
+            messages = [m.model_dump() for m in spec.messages]
+            out: Any = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+        else:
+            ids = list(self.tokenizer(spec.text).input_ids)
+        if not ids:
+            raise InvalidPrompt("the prompt tokenizes to zero tokens")
+        self.check_token_ids(ids, "token_ids")
+        if spec.response_token_ids is not None:
+            self.check_token_ids(spec.response_token_ids, "response_token_ids")
+        return ids
+
+    def check_token_ids(self, ids: Sequence[int], field: str) -> None:
+        bad = [t for t in ids if not 0 <= t < self.info.vocab_size]
+        if bad:
+            raise InvalidPrompt(f"{field} has ids outside the vocabulary [0, {self.info.vocab_size}): {bad[:5]}")
+
+    def check_length(self, total_tokens: int) -> None:
+        if total_tokens > self.info.max_positions:
+            raise InvalidPrompt(
+                f"prompt plus response would be {total_tokens} tokens, beyond the model's context of "
+                f"{self.info.max_positions}"
+            )
+
+    # -- compute --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        """The target's greedy response (stops at EOS if the model has one)."""
+        input_ids = torch.tensor([list(prompt_ids)], device=self.device)
+        out = self.model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        return [int(t) for t in out[0, input_ids.shape[1] :].tolist()]
+
+    @torch.inference_mode()
+    def capture(self, sequences: Sequence[Sequence[int]], layers: Sequence[int]) -> list[dict[int, torch.Tensor]]:
+        """One batched forward; per sequence, {layer: [T, H] CPU tensor of the target dtype}.
+
+        Right padding keeps every real position's causal context unchanged; a single sequence runs
+        unpadded and without a mask, exactly as a direct forward would.
+        """
+        lengths = [len(s) for s in sequences]
+        longest = max(lengths)
+        pad = self.tokenizer.pad_token_id or 0
+        input_ids = torch.tensor([list(s) + [pad] * (longest - len(s)) for s in sequences], device=self.device)
+        mask = None
+        if len(sequences) > 1:
+            mask = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).long().to(self.device)
+        with self._hooks(layers) as captured:
+            self.model.model(input_ids=input_ids, attention_mask=mask, use_cache=False)
+        return [{k: captured[k][i, :n].clone() for k in layers} for i, n in enumerate(lengths)]
+
+    @contextmanager
+    def _hooks(self, layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
+        captured: dict[int, torch.Tensor] = {}
+
+        def make_hook(k: int) -> Any:
+            def hook(_module: Any, _inputs: Any, output: Any) -> None:
+                hidden = output[0] if isinstance(output, tuple) else output
+                captured[k] = hidden.detach().to("cpu")
+
+            return hook
+
+        handles = [self.layers[k].register_forward_hook(make_hook(k)) for k in layers]
+        try:
+            yield captured
+        finally:
+            for h in handles:
+                h.remove()
+
+    def heads(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(embed_tokens.weight, lm_head.weight) on CPU, what a DFlash drafter borrows."""
+        embed = self.model.get_input_embeddings().weight.detach().to("cpu")
+        lm_head = self.model.get_output_embeddings().weight.detach().to("cpu")
+        return embed, lm_head

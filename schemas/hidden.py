@@ -1,0 +1,36 @@
+"""Names in the safetensors body of `GET /hidden` and `GET /target/heads`."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+HIDDEN_TENSOR = "hidden"
+TOKEN_IDS_TENSOR = "token_ids"
+EMBED_TENSOR = "embed_tokens.weight"
+LM_HEAD_TENSOR = "lm_head.weight"
+
+
+class HiddenMetadata(BaseModel):
+    """`__metadata__` of a `/hidden` body (safetensors stores strings; `layers` is comma-joined)."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt_id: str
+    layers: list[int]
+    layer_convention: str
+    model_fingerprint: str
+    hidden_size: int
+    prompt_len: int
+    start: int
+    stop: int
+    dtype: str
+
+    def to_strings(self) -> dict[str, str]:
+        out = {k: str(v) for k, v in self.model_dump().items()}
+        out["layers"] = ",".join(str(k) for k in self.layers)
+        return out
+
+    @classmethod
+    def from_strings(cls, meta: dict[str, str]) -> HiddenMetadata:
+        fields = dict(meta)
+        fields["layers"] = [int(k) for k in meta["layers"].split(",")] if meta.get("layers") else []
+        return cls.model_validate(fields)

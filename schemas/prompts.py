@@ -1,0 +1,81 @@
+"""Prompt registration and status: the bodies of `POST /prompts` and `GET /prompts[/{id}]`."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Hard ceiling on generated tokens per prompt; the server also caps by the model's context.
+MAX_NEW_TOKENS_LIMIT = 32768
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class PromptSpec(BaseModel):
+    """Exactly one of `text`, `messages` (chat template applied) or `token_ids`."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    token_ids: list[int] | None = Field(default=None, min_length=1)
+    response_token_ids: list[int] | None = Field(default=None, min_length=1)
+    name: str | None = Field(default=None, max_length=256)
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> PromptSpec:
+        given = [k for k in ("text", "messages", "token_ids") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"a prompt needs exactly one of text, messages, token_ids (got {given or 'none'})")
+        if self.text is not None and not self.text:
+            raise ValueError("text must not be empty")
+        return self
+
+
+class GenerateSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_new_tokens: int = Field(ge=1, le=MAX_NEW_TOKENS_LIMIT)
+
+
+class RegisterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompts: list[PromptSpec] = Field(min_length=1, max_length=10000)
+    generate: GenerateSpec | None = None
+
+
+class PromptStatus(StrEnum):
+    pending = "pending"
+    ready = "ready"
+    failed = "failed"
+
+
+class RegisteredPrompt(BaseModel):
+    prompt_id: str
+    status: PromptStatus
+
+
+class RegisterResponse(BaseModel):
+    prompts: list[RegisteredPrompt]
+
+
+class PromptState(BaseModel):
+    prompt_id: str
+    name: str | None = None
+    status: PromptStatus
+    prompt_len: int
+    num_tokens: int | None = None  # known once the response exists (given or generated)
+    token_ids: list[int] | None = None
+    layers_stored: list[int] = Field(default_factory=list)
+    error: str | None = None
+
+
+class PromptPage(BaseModel):
+    prompts: list[PromptState]
+    total: int
+    offset: int
+    limit: int

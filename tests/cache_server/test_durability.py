@@ -1,0 +1,56 @@
+"""Never stale, durable and atomic: fingerprint namespaces, restarts, interrupted writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.cache_server.helpers import app_client, get_hidden, metric, register_ready
+from tests.cache_server.reference import direct_layer_outputs
+
+TOKENS = [5, 17, 300, 42, 9, 120, 77, 3, 250, 11, 64, 65]
+COMPUTED = "cache_server_prompts_computed_total"
+
+
+def test_restart_serves_stored_states_without_recomputing(tiny_target: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with app_client(tiny_target, store) as client:
+        [pid] = register_ready(client, [{"token_ids": TOKENS}])
+        before = get_hidden(client, pid, "2,4")[0]["hidden"].clone()
+    with app_client(tiny_target, store) as client:
+        assert client.get(f"/prompts/{pid}").json()["status"] == "ready"
+        after = get_hidden(client, pid, "2,4")[0]["hidden"]
+        assert metric(client, COMPUTED) == 0
+    assert torch.equal(before, after)
+
+
+def test_another_model_or_dtype_never_reads_old_states(tiny_target: Path, other_tiny_target: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with app_client(tiny_target, store) as client:
+        [pid] = register_ready(client, [{"token_ids": TOKENS}])
+        fp_a = client.get("/model").json()["fingerprint"]
+    for model, kw in ((other_tiny_target, {}), (tiny_target, {"dtype": "bfloat16"})):
+        with app_client(model, store, **kw) as client:
+            assert client.get("/model").json()["fingerprint"] != fp_a
+            assert client.get(f"/prompts/{pid}").status_code == 404
+            [same] = register_ready(client, [{"token_ids": TOKENS}])
+            assert same == pid and metric(client, COMPUTED) == 1
+            hidden = get_hidden(client, pid, "3")[0]["hidden"]
+        expected = direct_layer_outputs(model, TOKENS, dtype=hidden.dtype)[3]
+        assert torch.equal(hidden, expected)
+
+
+def test_prompt_interrupted_before_publish_is_recomputed(tiny_target: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with app_client(tiny_target, store) as client:
+        [pid] = register_ready(client, [{"token_ids": TOKENS}])
+    [manifest] = list(store.rglob(f"{pid}/manifest.json"))
+    manifest.unlink()  # as if the process died after writing the layers but before publishing them
+    with app_client(tiny_target, store) as client:  # re-queued on start from the saved registration
+        hidden = get_hidden(client, pid, "0,5")[0]["hidden"]
+        assert metric(client, COMPUTED) == 1
+        assert client.get(f"/prompts/{pid}").json()["layers_stored"] == list(range(6))
+    ref = direct_layer_outputs(tiny_target, TOKENS)
+    assert torch.equal(hidden, torch.cat([ref[0], ref[5]], dim=1))
+
