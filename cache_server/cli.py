@@ -20,12 +20,14 @@ def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cache-server",
-        description="Run a target LLM once per prompt, cache every layer's hidden states in Zarr, serve any layer set.",
-        epilog="Every option can also be set as CACHE_SERVER_<OPTION> in the environment (e.g. CACHE_SERVER_PORT).",
+        description="Run a target LLM once per prompt, cache its hidden states, serve any layer set.",
+        epilog="Every option can also be set in the environment as CACHE_SERVER_<OPTION>.",
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    tiny = sub.add_parser("tiny-model", help="write a small random Qwen3-architecture target with a tokenizer")
+    tiny = sub.add_parser(
+        "tiny-model", help="write a small random Qwen3-architecture target with a tokenizer"
+    )
     tiny.add_argument("dir", type=Path)
     tiny.add_argument("--layers", type=int)
     tiny.add_argument("--hidden", type=int)
@@ -38,9 +40,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="default 8000")
     serve.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default auto")
-    serve.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="default bf16 on GPU, fp32 on CPU")
-    serve.add_argument("--capture-layers", dest="capture_layers", help="'all' (default) or e.g. 1,16,31,46,61")
-    serve.add_argument("--batch-tokens", dest="batch_tokens", type=int, help="tokens per batched forward (8192)")
+    serve.add_argument(
+        "--dtype", choices=["bfloat16", "float16", "float32"], help="default bf16 on GPU, fp32 on CPU"
+    )
+    serve.add_argument(
+        "--capture-layers", dest="capture_layers", help="'all' (default) or e.g. 1,16,31,46,61"
+    )
+    serve.add_argument(
+        "--batch-tokens", dest="batch_tokens", type=int, help="tokens per batched forward (8192)"
+    )
     serve.add_argument("--wait-s", dest="wait_s", type=float, help="how long GET /hidden waits (30)")
     serve.add_argument("--log-level", dest="log_level", help="default info")
     return p
@@ -55,12 +63,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             from cache_server.tiny_model import build_tiny_model
 
             tiny = TinyModelSettings(**_given(args, "layers", "hidden", "vocab", "seed"))
-            out = build_tiny_model(args.dir, layers=tiny.layers, hidden=tiny.hidden, vocab=tiny.vocab, seed=tiny.seed)
-            print(f"wrote a tiny Qwen3 target ({tiny.layers} layers, hidden {tiny.hidden}, vocab {tiny.vocab}) to {out}")
+            out = build_tiny_model(
+                args.dir, layers=tiny.layers, hidden=tiny.hidden, vocab=tiny.vocab, seed=tiny.seed
+            )
+            shape = f"{tiny.layers} layers, hidden {tiny.hidden}, vocab {tiny.vocab}"
+            print(f"wrote a tiny Qwen3 target ({shape}) to {out}")
             return 0
         settings = ServeSettings(
             **_given(
-                args, "model", "store", "host", "port", "device", "dtype", "capture_layers", "batch_tokens", "wait_s",
+                args,
+                "model",
+                "store",
+                "host",
+                "port",
+                "device",
+                "dtype",
+                "capture_layers",
+                "batch_tokens",
+                "wait_s",
                 "log_level",
             )
         )
@@ -75,7 +95,9 @@ def _serve(settings: Any) -> int:
 
     from cache_server.app import create_app
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     uvicorn.run(
         create_app(settings),
         host=settings.host,

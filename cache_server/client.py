@@ -1,13 +1,13 @@
 """Python client for the cache server (httpx). Server errors come back as typed exceptions:
 
-    CacheClientError
-    ├── ServerUnreachable       no connection to the server
-    ├── ProtocolError           a response that is not what the API promises
-    └── ApiError                the server answered {"error": {"code", "message"}}
-        ├── InvalidRequestError 422: bad prompts, layers or ranges
-        ├── NotFoundError       404: unknown prompt or route
-        ├── PromptFailedError   409: the target failed on the prompt
-        └── NotReadyError       503: still computing (retry_after_s says when to ask again)
+CacheClientError
+├── ServerUnreachable       no connection to the server
+├── ProtocolError           a response that is not what the API promises
+└── ApiError                the server answered {"error": {"code", "message"}}
+    ├── InvalidRequestError 422: bad prompts, layers or ranges
+    ├── NotFoundError       404: unknown prompt or route
+    ├── PromptFailedError   409: the target failed on the prompt
+    └── NotReadyError       503: still computing (retry_after_s says when to ask again)
 """
 
 from __future__ import annotations
@@ -100,7 +100,9 @@ def _raise_for_error(response: httpx.Response) -> None:
         err = response.json()["error"]
         code, message = str(err["code"]), str(err["message"])
     except (ValueError, KeyError, TypeError):
-        raise ProtocolError(f"HTTP {response.status_code} without an error body: {response.text[:200]!r}") from None
+        raise ProtocolError(
+            f"HTTP {response.status_code} without an error body: {response.text[:200]!r}"
+        ) from None
     if response.status_code == 503:
         retry = float(response.headers.get("Retry-After", "1"))
         raise NotReadyError(503, code, message, retry)
@@ -110,7 +112,9 @@ def _raise_for_error(response: httpx.Response) -> None:
 class CacheClient:
     """Synchronous client; use as a context manager or call close()."""
 
-    def __init__(self, base_url: str, *, timeout: float = 120.0, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self, base_url: str, *, timeout: float = 120.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
@@ -159,7 +163,9 @@ class CacheClient:
             if not page.prompts or len(out) >= page.total:
                 return out
 
-    def wait_ready(self, prompt_ids: Sequence[str], *, timeout_s: float = 600.0, poll_s: float = 0.2) -> list[PromptState]:
+    def wait_ready(
+        self, prompt_ids: Sequence[str], *, timeout_s: float = 600.0, poll_s: float = 0.2
+    ) -> list[PromptState]:
         """Poll until every prompt is ready; PromptFailedError on a failure, TimeoutError past the bound."""
         deadline = time.monotonic() + timeout_s
         pending = list(dict.fromkeys(prompt_ids))
@@ -174,7 +180,9 @@ class CacheClient:
                     pending.remove(pid)
             if pending:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{len(pending)} prompts not ready after {timeout_s:.0f} s: {pending[:5]}")
+                    raise TimeoutError(
+                        f"{len(pending)} prompts not ready after {timeout_s:.0f} s: {pending[:5]}"
+                    )
                 time.sleep(poll_s)
         return [done[pid] for pid in dict.fromkeys(prompt_ids)]
 

@@ -42,7 +42,7 @@ def is_supported(dtype: torch.dtype) -> bool:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """ "bfloat16" for torch.bfloat16: the manifest's spelling."""
+    """The manifest's spelling: torch.bfloat16 -> "bfloat16"."""
     return str(dtype).removeprefix("torch.")
 
 

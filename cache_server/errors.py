@@ -1,12 +1,12 @@
 """Errors the cache server raises for callers; `http_errors.py` maps each to one HTTP status.
 
-    CacheServerError
-    ├── InvalidRequest          bad input the caller can fix (422)
-    │   ├── InvalidPrompt       a prompt that cannot be tokenized, is too long or has bad ids
-    │   └── InvalidLayers       a layer list or token range outside the target
-    ├── PromptNotFound          no prompt with that id is registered (404)
-    ├── PromptNotReady          still computing after the bounded wait (503 + Retry-After)
-    └── PromptFailed            the target failed on this prompt (409)
+CacheServerError
+├── InvalidRequest          bad input the caller can fix (422)
+│   ├── InvalidPrompt       a prompt that cannot be tokenized, is too long or has bad ids
+│   └── InvalidLayers       a layer list or token range outside the target
+├── PromptNotFound          no prompt with that id is registered (404)
+├── PromptNotReady          still computing after the bounded wait (503 + Retry-After)
+└── PromptFailed            the target failed on this prompt (409)
 """
 
 from __future__ import annotations
@@ -56,4 +56,3 @@ class PromptFailed(CacheServerError):
     """The target failed to compute this prompt; the error says why."""
 
     code = "prompt_failed"
-

@@ -15,6 +15,12 @@ def heads_body(target: Target) -> bytes:
     """Serialised once per target: the heads never change while it is loaded."""
     embed, lm_head = target.heads()
     return save(
-        {EMBED_TENSOR: embed.contiguous(), LM_HEAD_TENSOR: lm_head.contiguous().clone()},  # clone: may be tied
-        metadata={"model_fingerprint": target.info.fingerprint, "dtype": str(embed.dtype).removeprefix("torch.")},
+        {
+            EMBED_TENSOR: embed.contiguous(),
+            LM_HEAD_TENSOR: lm_head.contiguous().clone(),
+        },  # clone: may be tied
+        metadata={
+            "model_fingerprint": target.info.fingerprint,
+            "dtype": str(embed.dtype).removeprefix("torch."),
+        },
     )

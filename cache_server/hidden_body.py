@@ -19,11 +19,15 @@ def token_range(manifest: PromptManifest, start: int | None, stop: int | None) -
     lo = 0 if start is None else start
     hi = n if stop is None else stop
     if not 0 <= lo < hi <= n:
-        raise InvalidLayers(f"token range start={start} stop={stop} is invalid; need 0 <= start < stop <= {n}")
+        raise InvalidLayers(
+            f"token range start={start} stop={stop} is invalid; need 0 <= start < stop <= {n}"
+        )
     return lo, hi
 
 
-def hidden_body(store: HiddenStore, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> FramedBody:
+def hidden_body(
+    store: HiddenStore, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int
+) -> FramedBody:
     """hidden [stop-start, len(layers)*H] in request order + token_ids, exact stored bytes."""
     rows, width = stop - start, len(layers) * manifest.hidden_size
     meta = HiddenMetadata(
@@ -38,7 +42,10 @@ def hidden_body(store: HiddenStore, manifest: PromptManifest, layers: Sequence[i
         dtype=manifest.dtype,
     )
     body = frame(
-        [TensorSpec(HIDDEN_TENSOR, DTYPES[manifest.dtype], (rows, width)), TensorSpec(TOKEN_IDS_TENSOR, torch.int64, (rows,))],
+        [
+            TensorSpec(HIDDEN_TENSOR, DTYPES[manifest.dtype], (rows, width)),
+            TensorSpec(TOKEN_IDS_TENSOR, torch.int64, (rows,)),
+        ],
         meta.to_strings(),
     )
     out = body.regions[HIDDEN_TENSOR].view(store.numpy_dtype).reshape(rows, width)

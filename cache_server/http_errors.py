@@ -28,7 +28,9 @@ STATUS_BY_ERROR: dict[type[CacheServerError], int] = {
 }
 
 
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     body = ErrorBody(error=ErrorDetail(code=code, message=message))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
@@ -36,7 +38,7 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 def _status_for(exc: CacheServerError) -> int:
     for cls in type(exc).__mro__:
         if cls in STATUS_BY_ERROR:
-            return STATUS_BY_ERROR[cls]  # type: ignore[index]
+            return STATUS_BY_ERROR[cls]
     return 500
 
 

@@ -19,7 +19,7 @@ SAFETENSORS = "application/octet-stream"
 
 
 def get_service(request: Request) -> HiddenStateService:
-    return request.app.state.service  # type: ignore[no-any-return]
+    return request.app.state.service
 
 
 ServiceDep = Annotated[HiddenStateService, Depends(get_service)]

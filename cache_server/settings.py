@@ -39,7 +39,9 @@ class ServeSettings(BaseSettings):
             try:
                 ids = [int(x) for x in v.split(",")]
             except ValueError:
-                raise ValueError(f"capture_layers must be 'all' or comma-separated integers, got {v!r}") from None
+                raise ValueError(
+                    f"capture_layers must be 'all' or comma-separated integers, got {v!r}"
+                ) from None
             if not ids or len(set(ids)) != len(ids):
                 raise ValueError(f"capture_layers must list distinct layer ids, got {v!r}")
         return v

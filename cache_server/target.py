@@ -62,10 +62,13 @@ class Target:
         self.device = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, self.device)
         if not (model_dir / "config.json").is_file():
-            raise FileNotFoundError(f"--model {model_dir} is not a Hugging Face model directory (no config.json)")
+            raise FileNotFoundError(
+                f"--model {model_dir} is not a Hugging Face model directory (no config.json)"
+            )
         fingerprint = target_fingerprint(model_dir, dtype_name(torch_dtype))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         cfg = self.model.config
         self.layers = self.model.model.layers
         self.info = TargetInfo(
@@ -77,7 +80,13 @@ class Target:
             max_positions=int(getattr(cfg, "max_position_embeddings", 1 << 30)),
             dtype=torch_dtype,
         )
-        log.info("target %s loaded on %s as %s (fingerprint %s)", self.info.name, self.device, torch_dtype, fingerprint)
+        log.info(
+            "target %s loaded on %s as %s (fingerprint %s)",
+            self.info.name,
+            self.device,
+            torch_dtype,
+            fingerprint,
+        )
 
     # -- prompts --------------------------------------------------------------------------------
 
@@ -101,7 +110,9 @@ class Target:
     def check_token_ids(self, ids: Sequence[int], field: str) -> None:
         bad = [t for t in ids if not 0 <= t < self.info.vocab_size]
         if bad:
-            raise InvalidPrompt(f"{field} has ids outside the vocabulary [0, {self.info.vocab_size}): {bad[:5]}")
+            raise InvalidPrompt(
+                f"{field} has ids outside the vocabulary [0, {self.info.vocab_size}): {bad[:5]}"
+            )
 
     def check_length(self, total_tokens: int) -> None:
         if total_tokens > self.info.max_positions:
@@ -126,7 +137,9 @@ class Target:
         return [int(t) for t in out[0, input_ids.shape[1] :].tolist()]
 
     @torch.inference_mode()
-    def capture(self, sequences: Sequence[Sequence[int]], layers: Sequence[int]) -> list[dict[int, torch.Tensor]]:
+    def capture(
+        self, sequences: Sequence[Sequence[int]], layers: Sequence[int]
+    ) -> list[dict[int, torch.Tensor]]:
         """One batched forward; per sequence, {layer: [T, H] CPU tensor of the target dtype}.
 
         Right padding keeps every real position's causal context unchanged; a single sequence runs
@@ -135,7 +148,9 @@ class Target:
         lengths = [len(s) for s in sequences]
         longest = max(lengths)
         pad = self.tokenizer.pad_token_id or 0
-        input_ids = torch.tensor([list(s) + [pad] * (longest - len(s)) for s in sequences], device=self.device)
+        input_ids = torch.tensor(
+            [list(s) + [pad] * (longest - len(s)) for s in sequences], device=self.device
+        )
         mask = None
         if len(sequences) > 1:
             mask = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).long().to(self.device)

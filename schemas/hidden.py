@@ -31,6 +31,5 @@ class HiddenMetadata(BaseModel):
 
     @classmethod
     def from_strings(cls, meta: dict[str, str]) -> HiddenMetadata:
-        fields = dict(meta)
-        fields["layers"] = [int(k) for k in meta["layers"].split(",")] if meta.get("layers") else []
-        return cls.model_validate(fields)
+        layers = [int(k) for k in meta["layers"].split(",")] if meta.get("layers") else []
+        return cls.model_validate({**meta, "layers": layers})

@@ -9,7 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 
-def direct_layer_outputs(model_dir: Path, token_ids: Sequence[int], dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+def direct_layer_outputs(
+    model_dir: Path, token_ids: Sequence[int], dtype: torch.dtype = torch.float32
+) -> list[torch.Tensor]:
     """Per decoder layer k, its output [T, H]: hidden_states[k + 1], and a hook for the last layer
     (HF's last hidden_states entry is after the final norm)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()

@@ -43,7 +43,10 @@ def _error(response, status: int) -> str:  # type: ignore[no-untyped-def]
         ({"prompts": [{"token_ids": [1], "response_token_ids": [512]}]}, "response_token_ids"),
         ({"prompts": [{"token_ids": [1] * 5000}]}, "beyond the model's context"),
         ({"prompts": [{"token_ids": [1]}], "generate": {"max_new_tokens": 10**9}}, "max_new_tokens"),
-        ({"prompts": [{"token_ids": [1]}], "generate": {"max_new_tokens": 4096}}, "beyond the model's context"),
+        (
+            {"prompts": [{"token_ids": [1]}], "generate": {"max_new_tokens": 4096}},
+            "beyond the model's context",
+        ),
         ({"prompts": [{"token_ids": [1]}], "generate": {"max_new_tokens": 0}}, "max_new_tokens"),
     ],
 )
@@ -110,7 +113,9 @@ def test_pending_prompt_gets_503_with_retry_after_then_data(tiny_target: Path, t
     build = _GatedService()
     app = create_app(serve_settings(tiny_target, tmp_path / "store", wait_s=0.2), build=build)
     with TestClient(app) as client:
-        pid = client.post("/prompts", json={"prompts": [{"token_ids": TOKENS}]}).json()["prompts"][0]["prompt_id"]
+        pid = client.post("/prompts", json={"prompts": [{"token_ids": TOKENS}]}).json()["prompts"][0][
+            "prompt_id"
+        ]
         r = client.get("/hidden", params={"prompt_id": pid, "layers": "1"})
         assert "still being computed" in _error(r, 503)
         assert int(r.headers["Retry-After"]) > 0

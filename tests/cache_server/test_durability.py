@@ -25,7 +25,9 @@ def test_restart_serves_stored_states_without_recomputing(tiny_target: Path, tmp
     assert torch.equal(before, after)
 
 
-def test_another_model_or_dtype_never_reads_old_states(tiny_target: Path, other_tiny_target: Path, tmp_path: Path) -> None:
+def test_another_model_or_dtype_never_reads_old_states(
+    tiny_target: Path, other_tiny_target: Path, tmp_path: Path
+) -> None:
     store = tmp_path / "store"
     with app_client(tiny_target, store) as client:
         [pid] = register_ready(client, [{"token_ids": TOKENS}])
@@ -53,4 +55,3 @@ def test_prompt_interrupted_before_publish_is_recomputed(tiny_target: Path, tmp_
         assert client.get(f"/prompts/{pid}").json()["layers_stored"] == list(range(6))
     ref = direct_layer_outputs(tiny_target, TOKENS)
     assert torch.equal(hidden, torch.cat([ref[0], ref[5]], dim=1))
-

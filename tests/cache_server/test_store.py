@@ -191,7 +191,7 @@ def test_unknown_layers_raise_naming_them(open_store: OpenStore) -> None:
 def test_bad_inputs_are_rejected(open_store: OpenStore) -> None:
     store = open_store()
     good = make_layer(0, torch.bfloat16)
-    cases = [
+    cases: list[tuple[str, np.ndarray, int, dict[int, torch.Tensor], str]] = [
         ("p1", TOKENS, 10, {0: good.float()}, "bfloat16"),
         ("p1", TOKENS, 10, {0: good[:-1]}, r"\[40, 16\]"),
         ("p1", TOKENS, 0, {0: good}, "prompt_len"),

@@ -1,0 +1,100 @@
+"""Compare lossless codecs on one LLM-like bf16 layer: ratio, encode GB/s, decode GB/s.
+
+Run: `.venv/bin/python bench/codec_choice.py [--tokens 2048] [--hidden 2048]`. The numbers feed the
+codec choice in `cache_server/codec.py`. Codecs run single-threaded, as zarr runs them (zarr sets
+`numcodecs.blosc.use_threads = False` and parallelises over chunks instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numcodecs
+import numcodecs.blosc
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    ratio: float
+    encode_gbps: float
+    decode_gbps: float
+
+
+def activation_like(tokens: int, hidden: int, seed: int = 0) -> np.ndarray:
+    """A bf16 residual-stream stand-in, returned as its uint16 bit pattern: per-channel scales,
+    a few massive-activation channels (as real decoder layers have), rounded to bf16."""
+    gen = torch.Generator().manual_seed(seed)
+    channel_scale = torch.exp(torch.randn(hidden, generator=gen) * 0.5)  # [H]
+    outliers = torch.randperm(hidden, generator=gen)[:8]
+    channel_scale[outliers] *= 100.0
+    x = torch.randn(tokens, hidden, generator=gen) * channel_scale  # [T, H]
+    return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure(name: str, codec: numcodecs.abc.Codec | None, raw: np.ndarray, repeats: int) -> Result:
+    nbytes = raw.nbytes
+    if codec is None:
+        # "No compression" still pays one copy each way (file read into the output buffer).
+        enc_s = best_seconds(lambda: raw.tobytes(), repeats)
+        dec_s = best_seconds(lambda: np.frombuffer(raw.tobytes(), dtype=raw.dtype).copy(), repeats)
+        return Result(name, 1.0, nbytes / enc_s / 1e9, nbytes / dec_s / 1e9)
+    encoded = codec.encode(raw)
+    decoded = np.frombuffer(codec.decode(encoded), dtype=raw.dtype).reshape(raw.shape)
+    if not np.array_equal(decoded, raw):
+        raise SystemExit(f"{name} is not lossless")
+    enc_s = best_seconds(lambda: codec.encode(raw), repeats)
+    dec_s = best_seconds(lambda: codec.decode(encoded), repeats)
+    return Result(name, nbytes / len(encoded), nbytes / enc_s / 1e9, nbytes / dec_s / 1e9)
+
+
+def candidates() -> list[tuple[str, numcodecs.abc.Codec | None]]:
+    shuffle = numcodecs.Blosc.SHUFFLE
+    return [
+        (
+            "blosc zstd clevel1 shuffle bs=1MiB",
+            numcodecs.Blosc(cname="zstd", clevel=1, shuffle=shuffle, blocksize=1 << 20),
+        ),
+        ("blosc zstd clevel1 shuffle bs=auto", numcodecs.Blosc(cname="zstd", clevel=1, shuffle=shuffle)),
+        ("blosc defaults (lz4 clevel5 shuffle)", numcodecs.Blosc()),
+        ("zarr BloscCodec defaults (zstd 5 shuf)", numcodecs.Blosc(cname="zstd", clevel=5, shuffle=shuffle)),
+        (
+            "blosc lz4 clevel5 shuffle bs=1MiB",
+            numcodecs.Blosc(cname="lz4", shuffle=shuffle, blocksize=1 << 20),
+        ),
+        ("zstd level1 (no shuffle)", numcodecs.Zstd(level=1)),
+        ("none", None),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    numcodecs.blosc.use_threads = False
+    raw = activation_like(args.tokens, args.hidden)
+    print(f"layer [{args.tokens}, {args.hidden}] bf16 = {raw.nbytes / 2**20:.1f} MiB, best of {args.repeats}")
+    print(f"{'codec':<40} {'ratio':>6} {'enc GB/s':>9} {'dec GB/s':>9}")
+    for name, codec in candidates():
+        r = measure(name, codec, raw, args.repeats)
+        print(f"{r.name:<40} {r.ratio:>6.3f} {r.encode_gbps:>9.2f} {r.decode_gbps:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""`cache-server tiny-model` writes a model that plain transformers loads offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from cache_server.cli import main
+
+
+def test_tiny_model_loads_with_auto_classes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CACHE_SERVER_HIDDEN", "48")  # environment fills what the command line leaves out
+    assert main(["tiny-model", str(tmp_path / "m"), "--layers", "3", "--vocab", "400"]) == 0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "m")
+    assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size) == (3, 48, 400)
+    assert model.config.model_type == "qwen3"
+    ids = tokenizer("def fib(n):").input_ids
+    assert tokenizer.decode(ids) == "def fib(n):" and max(ids) < 400
+
+
+def test_bad_options_exit_2_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tiny-model", str(tmp_path / "m"), "--vocab", "10"]) == 2
+    assert "--vocab must be at least" in capsys.readouterr().err
+    assert main(["serve", "--model", str(tmp_path), "--store", str(tmp_path), "--capture-layers", "1,x"]) == 2

@@ -1,0 +1,74 @@
+"""A real `cache-server serve` process on loopback, driven through the Python client."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from cache_server.client import CacheClient, InvalidRequestError, NotFoundError, ServerUnreachable
+from tests.cache_server.reference import direct_layer_outputs
+from tests.server_process import free_port, running_server
+
+pytestmark = pytest.mark.slow
+
+
+def test_client_against_a_real_server(tiny_target: Path, tmp_path: Path) -> None:
+    with running_server(tiny_target, tmp_path / "store") as url, CacheClient(url) as client:
+        info = client.model()
+        assert (info.num_layers, info.hidden_size, info.layer_convention) == (6, 64, "decoder_output_0based")
+        registered = client.register(
+            [{"text": "def fib(n):", "name": "fib"}, {"token_ids": [5, 6, 7]}], max_new_tokens=16
+        )
+        ids = [p.prompt_id for p in registered]
+        states = client.wait_ready(ids, timeout_s=60)
+        assert [s.name for s in states] == ["fib", None]
+
+        def fetch(layers: tuple[int, ...]) -> torch.Tensor:
+            return client.hidden(ids[0], layers).hidden
+
+        layer_sets = [(1, 4), (5,), (0, 2, 3), (4, 1)] * 3
+        with ThreadPoolExecutor(6) as pool:
+            served = list(pool.map(fetch, layer_sets))
+        metrics = httpx.get(f"{url}/metrics").text
+        assert re.search(r"^cache_server_prompts_computed_total 2\.0$", metrics, re.MULTILINE)
+
+        result = client.hidden(ids[0], [3, 1], start=2, stop=7)
+        assert result.metadata.layers == [3, 1] and result.metadata.model_fingerprint == info.fingerprint
+        tokens = states[0].token_ids
+        assert tokens is not None and result.token_ids.tolist() == tokens[2:7]
+
+        heads = client.heads()
+        assert heads.fingerprint == info.fingerprint
+
+        with pytest.raises(InvalidRequestError, match=r"0\.\.5"):
+            client.hidden(ids[0], [6])
+        with pytest.raises(NotFoundError):
+            client.hidden("missing", [1])
+
+    ref = direct_layer_outputs(tiny_target, tokens)
+    for layers, hidden in zip(layer_sets, served, strict=True):
+        assert torch.equal(hidden, torch.cat([ref[k] for k in layers], dim=1))
+    model = AutoModelForCausalLM.from_pretrained(tiny_target)
+    assert torch.equal(heads.embed_tokens, model.get_input_embeddings().weight)
+    assert torch.equal(heads.lm_head, model.get_output_embeddings().weight)
+
+
+def test_options_come_from_the_environment(tiny_target: Path, tmp_path: Path) -> None:
+    env = {"CACHE_SERVER_CAPTURE_LAYERS": "2,4", "CACHE_SERVER_DTYPE": "bfloat16"}
+    with running_server(tiny_target, tmp_path / "store", env=env) as url, CacheClient(url) as client:
+        info = client.model()
+        assert info.capture_layers == [2, 4] and info.dtype == "bfloat16"
+
+
+def test_unreachable_server_is_a_typed_error() -> None:
+    with (
+        CacheClient(f"http://127.0.0.1:{free_port()}", timeout=2) as client,
+        pytest.raises(ServerUnreachable),
+    ):
+        client.model()
