@@ -1,7 +1,7 @@
 """Compare lossless codecs on one LLM-like bf16 layer: ratio, encode GB/s, decode GB/s.
 
 Run: `.venv/bin/python bench/codec_choice.py [--tokens 2048] [--hidden 2048]`. The numbers feed the
-codec choice in `cache_server/codec.py`. Codecs run single-threaded, as zarr runs them (zarr sets
+codec choice in `cache_server/arrays.py`. Codecs run single-threaded, as zarr runs them (zarr sets
 `numcodecs.blosc.use_threads = False` and parallelises over chunks instead).
 """
 

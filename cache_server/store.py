@@ -4,19 +4,12 @@ Layout: `<root>/<fingerprint>/prompts/<prompt_id>/{manifest.json, token_ids/, la
 array `[T, H]` per layer, staged under `<root>/<fingerprint>/tmp/` and renamed in. The manifest is the
 only source of truth: a layer is served only once a published manifest lists it.
 
-Errors:
-
-    StoreError              base of everything raised here
-    ├── StoreInputError     arguments that can never succeed (shape, dtype, range, id, token mismatch)
-    ├── PromptNotStored     no published prompt with this id
-    ├── LayersNotStored     the published prompt lacks some requested layers
-    └── StoreCorrupt        a published prompt whose files don't match its manifest
+Errors and the manifest live in `store_manifest.py`.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
 import re
@@ -30,15 +23,23 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 import zarr
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
-from cache_server import codec, dtypes
-from schemas.model import LAYER_CONVENTION
+from cache_server import arrays, dtypes
+from cache_server.store_manifest import (
+    LayersNotStored,
+    PromptManifest,
+    PromptNotStored,
+    StoreCorrupt,
+    StoreError,
+    StoreInputError,
+    token_sha256,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,54 +48,6 @@ _MANIFEST = "manifest.json"
 _OPEN_ARRAYS = 1024  # opened zarr arrays kept (LRU); opening one costs ~0.6 ms, a read ~10 ms per layer
 # Errors zarr/numcodecs raise on a missing or damaged array file.
 _READ_ERRORS = (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarrError)
-
-
-class StoreError(Exception):
-    """Base of the hidden-state store's errors."""
-
-
-class StoreInputError(StoreError):
-    """The arguments can never succeed: bad shape, dtype, range or id, or token ids that differ."""
-
-
-class PromptNotStored(StoreError):
-    """No published prompt has this id."""
-
-
-class LayersNotStored(StoreError):
-    """The published prompt does not hold some of the requested layers."""
-
-    def __init__(self, prompt_id: str, missing: Sequence[int]) -> None:
-        self.prompt_id = prompt_id
-        self.missing = tuple(missing)
-        super().__init__(f"prompt {prompt_id!r} has no stored layers {list(self.missing)}")
-
-
-class StoreCorrupt(StoreError):
-    """A published prompt whose files don't match its manifest."""
-
-
-class PromptManifest(BaseModel):
-    """What one published prompt holds; written last, so its presence means the data is complete."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    prompt_id: str
-    model_fingerprint: str
-    model_name: str
-    dtype: Literal["bfloat16", "float16", "float32"]
-    layer_convention: Literal["decoder_output_0based"] = LAYER_CONVENTION
-    layers: tuple[int, ...]
-    prompt_len: int
-    num_tokens: int
-    hidden_size: int
-    token_sha256: str
-    codec: str
-    created_at: str
-
-
-def token_sha256(token_ids: np.ndarray) -> str:
-    """sha256 of the int64 little-endian token id bytes."""
-    return hashlib.sha256(np.ascontiguousarray(token_ids, dtype="<i8").tobytes()).hexdigest()
 
 
 class HiddenStore:
@@ -288,7 +241,7 @@ class HiddenStore:
 
     def _open(self, prompt_id: str, rel: str) -> zarr.Array[Any]:
         try:
-            return codec.open_array(self._prompts / prompt_id / rel)
+            return arrays.open_array(self._prompts / prompt_id / rel)
         except _READ_ERRORS as e:
             raise StoreCorrupt(f"prompt {prompt_id!r}: {rel} unreadable: {e}") from e
 
@@ -316,7 +269,7 @@ class HiddenStore:
     def _read_layer(self, m: PromptManifest, layer: int, dst: np.ndarray, start: int, stop: int) -> None:
         arr = self._layer_array(m, layer)
         try:
-            codec.read_rows(arr, self._prompts / m.prompt_id / "layers" / str(layer), start, stop, dst)
+            arrays.read_rows(arr, self._prompts / m.prompt_id / "layers" / str(layer), start, stop, dst)
         except _READ_ERRORS as e:
             raise StoreCorrupt(f"prompt {m.prompt_id!r} layer {layer}: {e}") from e
 
@@ -355,10 +308,10 @@ class HiddenStore:
     def _stage(self, staging: Path, data: Mapping[int, np.ndarray], ids: np.ndarray | None) -> None:
         """Write the new arrays under `staging` and make them durable."""
         for k, a in data.items():
-            codec.write_array(staging / "layers" / str(k), a, compress=True)
+            arrays.write_array(staging / "layers" / str(k), a, compress=True)
         if ids is not None:
-            codec.write_array(staging / "token_ids", ids, compress=False)
-        codec.fsync_tree(staging)
+            arrays.write_array(staging / "token_ids", ids, compress=False)
+        arrays.fsync_tree(staging)
 
     def _publish(
         self,
@@ -380,7 +333,7 @@ class HiddenStore:
             shutil.rmtree(dest, ignore_errors=True)  # unlisted leftover of an interrupted add
             os.rename(staging / "layers" / str(k), dest)
         for d in (prompt_dir / "layers", prompt_dir, self._prompts):
-            codec.fsync_dir(d)
+            arrays.fsync_dir(d)
         itemsize = self._storage_dtype.itemsize
         m = PromptManifest(
             prompt_id=prompt_id,
@@ -392,10 +345,10 @@ class HiddenStore:
             num_tokens=len(ids),
             hidden_size=self.hidden_size,
             token_sha256=token_sha256(ids),
-            codec=old.codec if old else codec.describe(itemsize),
+            codec=old.codec if old else arrays.describe(itemsize),
             created_at=old.created_at if old else datetime.now(UTC).isoformat(),
         )
-        codec.replace_file(prompt_dir / _MANIFEST, m.model_dump_json(indent=1).encode())
+        arrays.replace_file(prompt_dir / _MANIFEST, m.model_dump_json(indent=1).encode())
         with self._guard:
             self._manifests[prompt_id] = m
         return m
@@ -452,3 +405,15 @@ def _lock_namespace(ns: Path) -> Any:
         f.close()
         raise StoreError(f"{ns} is already open by another HiddenStore") from e
     return f
+
+
+__all__ = [
+    "HiddenStore",
+    "LayersNotStored",
+    "PromptManifest",
+    "PromptNotStored",
+    "StoreCorrupt",
+    "StoreError",
+    "StoreInputError",
+    "token_sha256",
+]

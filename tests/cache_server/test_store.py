@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from cache_server import codec, dtypes
+from cache_server import arrays, dtypes
 from cache_server.store import (
     HiddenStore,
     LayersNotStored,
@@ -50,7 +50,7 @@ def open_store(tmp_path: Path) -> Iterator[OpenStore]:
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """16-token chunks, so a 40-token prompt spans three chunks and ranges cross boundaries."""
-    monkeypatch.setattr(codec, "CHUNK_TOKENS", 16)
+    monkeypatch.setattr(arrays, "CHUNK_TOKENS", 16)
 
 
 def make_layer(seed: int, dtype: torch.dtype, tokens: int = T) -> torch.Tensor:
@@ -222,8 +222,8 @@ def test_interrupted_writes_are_never_served_and_removed_on_reopen(open_store: O
     # a layer dir renamed in before the manifest listing it, a manifest temp file.
     (ns / "tmp" / "dead" / "layers" / "0").mkdir(parents=True)
     (ns / "tmp" / "dead" / "layers" / "0" / "zarr.json.abc.partial").write_text("{")
-    codec.write_array(ns / "prompts" / "p2" / "layers" / "0", np.zeros((T, H), np.uint16), compress=True)
-    codec.write_array(ns / "prompts" / "p1" / "layers" / "5", np.ones((T, H), np.uint16), compress=True)
+    arrays.write_array(ns / "prompts" / "p2" / "layers" / "0", np.zeros((T, H), np.uint16), compress=True)
+    arrays.write_array(ns / "prompts" / "p1" / "layers" / "5", np.ones((T, H), np.uint16), compress=True)
     (ns / "prompts" / "p1" / "manifest.json.123.tmp").write_text("{")
 
     store = open_store()
@@ -249,7 +249,7 @@ def test_failed_publish_leaves_nothing_visible(
     def crash(path: Path, payload: bytes) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(codec, "replace_file", crash)
+    monkeypatch.setattr(arrays, "replace_file", crash)
     with pytest.raises(OSError, match="disk full"):
         store.write("p1", TOKENS, 10, {0: make_layer(0, torch.bfloat16)})
     assert store.manifest("p1") is None
@@ -265,7 +265,7 @@ def test_missing_chunk_is_corruption_not_zeros(open_store: OpenStore, small_chun
     zeros = torch.zeros(T, H, dtype=torch.bfloat16)
     store.write("p1", TOKENS, 10, {0: zeros, 1: make_layer(1, torch.bfloat16)})
     assert torch.equal(bits(read(store, "p1", [0])), bits(zeros))  # all-zero chunks are still written
-    codec.chunk_file(store.namespace / "prompts" / "p1" / "layers" / "1", 1).unlink()
+    arrays.chunk_file(store.namespace / "prompts" / "p1" / "layers" / "1", 1).unlink()
     read(store, "p1", [1], 0, 16)  # chunk 0 is intact
     with pytest.raises(StoreCorrupt, match="chunk 1"):
         read(store, "p1", [0, 1], 10, 20)
