@@ -14,15 +14,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import httpx
-import torch
 
 from cache_server.wire import WireFormatError, parse
-from schemas.hidden import EMBED_TENSOR, HIDDEN_TENSOR, LM_HEAD_TENSOR, TOKEN_IDS_TENSOR, HiddenMetadata
+from schemas.hidden import (
+    EMBED_TENSOR,
+    HIDDEN_TENSOR,
+    LM_HEAD_TENSOR,
+    TOKEN_IDS_TENSOR,
+    HiddenMetadata,
+    HiddenResult,
+    TargetHeads,
+)
 from schemas.model import ModelInfo
 from schemas.prompts import (
     GenerateSpec,
@@ -79,20 +85,6 @@ class NotReadyError(ApiError):
 _BY_STATUS: dict[int, type[ApiError]] = {422: InvalidRequestError, 404: NotFoundError, 409: PromptFailedError}
 
 
-@dataclass(frozen=True)
-class HiddenResult:
-    hidden: torch.Tensor  # [T, len(layers) * H], the stored dtype
-    token_ids: torch.Tensor  # int64 [T]
-    metadata: HiddenMetadata
-
-
-@dataclass(frozen=True)
-class TargetHeads:
-    embed_tokens: torch.Tensor  # [V, H]
-    lm_head: torch.Tensor  # [V, H]
-    fingerprint: str
-
-
 def _raise_for_error(response: httpx.Response) -> None:
     if response.is_success:
         return
@@ -113,10 +105,18 @@ class CacheClient:
     """Synchronous client; use as a context manager or call close()."""
 
     def __init__(
-        self, base_url: str, *, timeout: float = 120.0, transport: httpx.BaseTransport | None = None
+        self,
+        base_url: str,
+        *,
+        timeout: float = 120.0,
+        transport: httpx.BaseTransport | None = None,
+        token: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._http = httpx.Client(
+            base_url=self.base_url, timeout=timeout, transport=transport, headers=headers
+        )
 
     def __enter__(self) -> CacheClient:
         return self
@@ -200,7 +200,8 @@ class CacheClient:
                     return bytearray(response.read())
                 buf = bytearray(size)
                 view, pos = memoryview(buf), 0
-                for chunk in response.iter_raw(1 << 20):
+                # Chunks as read (64 KiB): a chunk_size would re-join them, one more copy (~5% slower).
+                for chunk in response.iter_raw():
                     view[pos : pos + len(chunk)] = chunk
                     pos += len(chunk)
                 if pos != size:

@@ -1,8 +1,12 @@
-"""Names in the safetensors body of `GET /hidden` and `GET /target/heads`."""
+"""The tensor endpoints: names and metadata in the safetensors bodies of `GET /hidden` and
+`GET /target/heads`, and the decoded results both sides hand around."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict
+from torch import Tensor
 
 HIDDEN_TENSOR = "hidden"
 TOKEN_IDS_TENSOR = "token_ids"
@@ -33,3 +37,21 @@ class HiddenMetadata(BaseModel):
     def from_strings(cls, meta: dict[str, str]) -> HiddenMetadata:
         layers = [int(k) for k in meta["layers"].split(",")] if meta.get("layers") else []
         return cls.model_validate({**meta, "layers": layers})
+
+
+@dataclass(frozen=True)
+class HiddenResult:
+    """Taps of one prompt: hidden [T, len(layers) * H] (request order), token_ids [T] int64."""
+
+    hidden: Tensor
+    token_ids: Tensor
+    metadata: HiddenMetadata
+
+
+@dataclass(frozen=True)
+class TargetHeads:
+    """The target's input embedding and output head, both [V, H]."""
+
+    embed_tokens: Tensor
+    lm_head: Tensor
+    fingerprint: str

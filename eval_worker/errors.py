@@ -1,0 +1,20 @@
+"""Errors raised by the eval worker; every one of them stops the run.
+
+EvalWorkerError
+ ├── CheckpointRefused   the checkpoint does not load strictly or does not fit the target
+ └── FeatureMismatch     served features are not the ones requested (layers, target, shape)
+"""
+
+from __future__ import annotations
+
+
+class EvalWorkerError(Exception):
+    """Base class of every eval-worker error."""
+
+
+class CheckpointRefused(EvalWorkerError):
+    """The drafter checkpoint is incomplete, inconsistent, or built for another target/feature layout."""
+
+
+class FeatureMismatch(EvalWorkerError):
+    """The hidden states served do not match the layers, target or shape that were requested."""

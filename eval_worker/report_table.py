@@ -1,0 +1,33 @@
+"""A readable summary of an EvalReport for the terminal."""
+
+from __future__ import annotations
+
+from schemas.report import EvalReport, TauSummary
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _row(name: str, s: TauSummary) -> str:
+    hist = " ".join(f"{tau}:{n}" for tau, n in s.histogram.items())
+    return (
+        f"{name:<10} {_fmt(s.mean_tau):>8} {_fmt(s.tokens_per_round):>11} {s.total_rounds:>7} "
+        f"{s.prompts_evaluated:>7}  {hist}"
+    )
+
+
+def format_report(report: EvalReport) -> str:
+    step = "-" if report.step is None else str(report.step)
+    lines = [
+        f"checkpoint  {report.checkpoint_path} ({report.format}, step {step})",
+        f"target      {report.target_name} ({report.target_fingerprint})",
+        f"layers      {report.target_layer_ids} ({report.layer_ids_source}), block size {report.block_size}",
+        "",
+        f"{'drafts':<10} {'tau':>8} {'tok/round':>11} {'rounds':>7} {'prompts':>7}  round-tau histogram",
+        _row("chain", report.summary.chain),
+    ]
+    lines += [_row(f"ddtree-{b}", s) for b, s in sorted(report.summary.trees.items())]
+    lines += ["", f"tau = mean over prompts of each prompt's mean round tau (bonus token counted); "
+              f"{report.summary.wall_time_s:.1f} s on {report.device}"]  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""The evaluation report of one drafter checkpoint against one cached target (JSON on disk)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RoundTaus(BaseModel):
+    """Acceptance length of every round of one response; `mean` is None when there was no round."""
+
+    model_config = ConfigDict(extra="forbid")
+    round_taus: list[int]
+    mean: float | None
+
+
+class PromptEval(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt_id: str
+    prompt_len: int
+    num_tokens: int
+    chain: RoundTaus
+    trees: dict[int, RoundTaus] = Field(default_factory=dict, description="DDTree budget -> rounds")
+
+
+class TauSummary(BaseModel):
+    """`mean_tau` = mean over prompts of each prompt's mean round tau (the DFlash benchmark's convention)."""
+
+    model_config = ConfigDict(extra="forbid")
+    mean_tau: float | None
+    tokens_per_round: float | None = Field(description="total accepted tokens / total rounds")
+    total_tokens: int
+    total_rounds: int
+    histogram: dict[int, int] = Field(description="round tau -> number of rounds")
+    prompts_evaluated: int
+    prompts_without_rounds: int
+
+
+class EvalSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    chain: TauSummary
+    trees: dict[int, TauSummary] = Field(default_factory=dict)
+    prompts_evaluated: int
+    wall_time_s: float
+
+
+class EvalReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    checkpoint_path: str
+    format: Literal["hf_dir", "torch_dict"]
+    step: int | None
+    epoch: int | None
+    target_name: str
+    target_fingerprint: str
+    target_layer_ids: list[int]
+    layer_ids_source: Literal["checkpoint", "inferred", "override"]
+    block_size: int
+    mask_token_id: int
+    tree_budgets: list[int]
+    device: str
+    dtype: str
+    prompts: list[PromptEval]
+    summary: EvalSummary

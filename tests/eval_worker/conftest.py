@@ -1,0 +1,76 @@
+"""Eval-worker fixtures: the shared tiny target loaded once, its greedy continuations, a trained drafter."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from eval_worker.drafter import DFlashDrafter
+from eval_worker.drafter_config import DrafterConfig
+from eval_worker.live_loop import target_heads
+from eval_worker.train_tiny import Sequences, TinyTrainer, make_sequences, tiny_drafter_config
+from schemas.model import ModelInfo
+from tests.eval_worker.helpers import BLOCK_SIZE, HELD_OUT_TEXTS, LAYER_IDS, NEW_TOKENS, TRAIN_TEXTS
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Tiny tensors: extra intra-op threads only spin, and on 2 shared cores they thrash badly."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def target(tiny_target: Path) -> Any:
+    return AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def target_info(target: Any) -> ModelInfo:
+    c = target.config
+    return ModelInfo(
+        name="tiny",
+        fingerprint="tiny-fp",
+        num_layers=c.num_hidden_layers,
+        hidden_size=c.hidden_size,
+        vocab_size=c.vocab_size,
+        max_position_embeddings=c.max_position_embeddings,
+        dtype="float32",
+        capture_layers=list(range(c.num_hidden_layers)),
+    )
+
+
+@pytest.fixture(scope="session")
+def prompts(tiny_target: Path) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    return [list(tokenizer(t)["input_ids"]) for t in TRAIN_TEXTS + HELD_OUT_TEXTS]
+
+
+@pytest.fixture(scope="session")
+def sequences(target: Any, prompts: list[list[int]]) -> Sequences:
+    """Prompt + the target's greedy response (NEW_TOKENS tokens) and their taps, for every prompt."""
+    return make_sequences(target, prompts, LAYER_IDS, NEW_TOKENS)
+
+
+@pytest.fixture(scope="session")
+def drafter_config(target: Any) -> DrafterConfig:
+    return tiny_drafter_config(target.config, LAYER_IDS, block_size=BLOCK_SIZE, num_layers=1)
+
+
+@pytest.fixture(scope="session")
+def trained_drafter(target: Any, sequences: Sequences, drafter_config: DrafterConfig) -> DFlashDrafter:
+    """A drafter trained briefly on the training prompts' continuations: right often, not always."""
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(drafter_config, len(LAYER_IDS))
+    n = len(TRAIN_TEXTS)
+    train = Sequences(sequences.token_ids[:n], sequences.taps[:n], sequences.prompt_lens[:n])
+    embed, lm_head = target_heads(target)
+    TinyTrainer(drafter, train, embed, lm_head, lr=1e-3, seed=0).run(120)
+    return drafter

@@ -1,0 +1,125 @@
+"""`eval-worker evaluate` / `inspect` against a real `cache-server serve` process on loopback."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cache_server.client import CacheClient
+from eval_worker.checkpoint import load_checkpoint, save_hf_checkpoint, save_torch_checkpoint
+from eval_worker.cli import main
+from eval_worker.drafter import DFlashDrafter
+from eval_worker.evaluate import EvalOptions, evaluate
+from eval_worker.heads_cache import HeadsCache
+from eval_worker.train_tiny import Sequences
+from schemas.model import ModelInfo
+from schemas.report import EvalReport
+from tests.eval_worker.test_evaluate import TinySource
+from tests.server_process import free_port, running_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory, sequences: Sequences) -> Iterator[tuple[str, list[str]]]:
+    """A real server holding the test prompts with the target's greedy responses."""
+    with running_server(tiny_target, tmp_path_factory.mktemp("store")) as url, CacheClient(url) as client:
+        specs = [
+            {"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist()}
+            for ids, n in zip(sequences.token_ids, sequences.prompt_lens, strict=True)
+        ]
+        ids = [p.prompt_id for p in client.register(specs)]
+        client.wait_ready(ids, timeout_s=60)
+        yield url, ids
+
+
+def test_evaluate_against_a_real_server_matches_in_process_ground_truth(
+    server: tuple[str, list[str]],
+    trained_drafter: DFlashDrafter,
+    target: Any,
+    target_info: ModelInfo,
+    sequences: Sequences,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url, ids = server
+    ckpt = save_torch_checkpoint(tmp_path / "step_120.pt", trained_drafter, global_step=120, epoch=1)
+    monkeypatch.setenv("EVAL_WORKER_HEADS_CACHE", str(tmp_path / "heads"))
+    out = tmp_path / "report.json"
+    argv = ["evaluate", str(ckpt), "--server", url, "--all-prompts", "--tree-budget", "3", "--device", "cpu"]
+    assert main([*argv, "--out", str(out)]) == 0
+    report = EvalReport.model_validate_json(out.read_text())
+    printed = capsys.readouterr().out
+    assert "chain" in printed and "ddtree-3" in printed and "[1, 3, 5] (checkpoint)" in printed
+
+    truth = evaluate(
+        TinySource(target, target_info, sequences),
+        load_checkpoint(ckpt, target_info),
+        [f"p{i}" for i in range(len(ids))],
+        heads_cache=HeadsCache(tmp_path / "truth-heads"),
+        options=EvalOptions(tree_budgets=(3,), progress=False),
+    )
+    served = {p.prompt_id: p for p in report.prompts}
+    assert sorted(served) == sorted(ids)
+    for pid, expected in zip(ids, truth.prompts, strict=True):
+        assert served[pid].chain == expected.chain
+        assert served[pid].trees == expected.trees
+    assert report.summary.chain.mean_tau == pytest.approx(truth.summary.chain.mean_tau)
+    assert (report.step, report.layer_ids_source, report.target_layer_ids) == (120, "checkpoint", [1, 3, 5])
+    assert (tmp_path / "heads").is_dir()  # heads cached by fingerprint for the next checkpoint
+
+
+def test_inferred_layers_are_reported(
+    server: tuple[str, list[str]],
+    trained_drafter: DFlashDrafter,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url, ids = server
+    ckpt = save_hf_checkpoint(tmp_path / "hf", trained_drafter)
+    config = json.loads((ckpt / "config.json").read_text())
+    del config["dflash_config"]["target_layer_ids"]  # 3 taps of a 6-layer target -> formula [1, 2, 3]
+    (ckpt / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("EVAL_WORKER_HEADS_CACHE", str(tmp_path / "heads"))
+    out = tmp_path / "r.json"
+    with caplog.at_level(logging.INFO):
+        assert main(["evaluate", str(ckpt), "--server", url, "--prompts", ids[0], "--out", str(out)]) == 0
+    report = EvalReport.model_validate_json(out.read_text())
+    assert (report.target_layer_ids, report.layer_ids_source) == ([1, 2, 3], "inferred")
+    assert "[1, 2, 3]" in caplog.text
+
+
+def test_refused_checkpoint_exits_2_naming_shapes_and_layers(
+    server: tuple[str, list[str]], trained_drafter: DFlashDrafter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _ = server
+    ckpt = save_hf_checkpoint(tmp_path / "hf", trained_drafter)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [1, 2, 3, 4]  # a 4-layer config for a 3-tap fc
+    (ckpt / "config.json").write_text(json.dumps(config))
+    assert main(["evaluate", str(ckpt), "--server", url, "--all-prompts"]) == 2
+    err = capsys.readouterr().err
+    assert "fc.weight" in err and "[1, 2, 3, 4]" in err and "192" in err
+
+
+def test_unreachable_server_exits_3(trained_drafter: DFlashDrafter, tmp_path: Path) -> None:
+    ckpt = save_hf_checkpoint(tmp_path / "hf", trained_drafter)
+    assert main(["evaluate", str(ckpt), "--server", f"http://127.0.0.1:{free_port()}", "--all-prompts"]) == 3
+
+
+def test_inspect(server: tuple[str, list[str]], trained_drafter: DFlashDrafter, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url, _ = server
+    ckpt = save_torch_checkpoint(tmp_path / "c.pt", trained_drafter, global_step=7, epoch=0)
+    assert main(["inspect", str(ckpt)]) == 0
+    text = capsys.readouterr().out
+    assert "torch_dict" in text and "7 / 0" in text and "[1, 3, 5] (from the checkpoint)" in text
+    assert "in_features 192, out_features 64 (3 taps x 64)" in text
+    assert main(["inspect", str(ckpt), "--server", url]) == 0
+    assert "loads strictly" in capsys.readouterr().out
