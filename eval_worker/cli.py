@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress bar
     from cache_server.client import ApiError, ProtocolError, ServerUnreachable
     from eval_worker.errors import CheckpointRefused, FeatureMismatch
 

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from cache_server.client import CacheClient, InvalidRequestError, NotFoundError, ServerUnreachable
 from tests.cache_server.reference import direct_layer_outputs
-from tests.server_process import free_port, running_server
+from cache_server.child import free_port, running_server
 
 pytestmark = pytest.mark.slow
 

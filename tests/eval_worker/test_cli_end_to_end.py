@@ -20,7 +20,7 @@ from eval_worker.train_tiny import Sequences
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
 from tests.eval_worker.test_evaluate import TinySource
-from tests.server_process import free_port, running_server
+from cache_server.child import free_port, running_server
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,61 @@
+"""Start `cache-server serve` as a child process and wait until it is healthy (demo, tests, benches)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"cache-server exited with {proc.returncode}: {log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"cache-server at {url} did not become healthy in {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+@contextmanager
+def running_server(
+    model: Path, store: Path, *extra: str, env: dict[str, str] | None = None, port: int | None = None
+) -> Iterator[str]:
+    """Yields the server's URL; terminates it (SIGTERM, then SIGKILL) on exit.
+
+    Its output goes to `<store>.log` (a file, not a pipe nobody drains, which would block it)."""
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "cache_server.cli", "serve", "--model", str(model), "--store", str(store)]
+    cmd += ["--port", str(port), "--device", "cpu", "--log-level", "warning", *extra]
+    log = store.with_name(store.name + ".log")
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
