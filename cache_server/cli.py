@@ -25,9 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    tiny = sub.add_parser(
-        "tiny-model", help="write a small random Qwen3-architecture target with a tokenizer"
-    )
+    tiny = sub.add_parser("tiny-model", help="write a small random Qwen3-architecture target with a tokenizer")
     tiny.add_argument("dir", type=Path)
     tiny.add_argument("--layers", type=int)
     tiny.add_argument("--hidden", type=int)
@@ -40,17 +38,21 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="default 8000")
     serve.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default auto")
-    serve.add_argument(
-        "--dtype", choices=["bfloat16", "float16", "float32"], help="default bf16 on GPU, fp32 on CPU"
-    )
-    serve.add_argument(
-        "--capture-layers", dest="capture_layers", help="'all' (default) or e.g. 1,16,31,46,61"
-    )
-    serve.add_argument(
-        "--batch-tokens", dest="batch_tokens", type=int, help="tokens per batched forward (8192)"
-    )
+    serve.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="default bf16 on GPU, fp32 on CPU")
+    serve.add_argument("--capture-layers", dest="capture_layers", help="'all' (default) or e.g. 1,16,31,46,61")
+    serve.add_argument("--batch-tokens", dest="batch_tokens", type=int, help="tokens per batched forward (8192)")
     serve.add_argument("--wait-s", dest="wait_s", type=float, help="how long GET /hidden waits (30)")
     serve.add_argument("--log-level", dest="log_level", help="default info")
+    serve.add_argument(
+        "--checkpoint-root",
+        dest="checkpoint_root",
+        type=Path,
+        help="directory whose checkpoints POST /jobs may evaluate (default: jobs refused)",
+    )
+    serve.add_argument("--token", help="bearer token required on writes (prefer CACHE_SERVER_TOKEN: ps shows argv)")
+    serve.add_argument(
+        "--job-max-attempts", dest="job_max_attempts", type=int, help="claims per job before it fails (3)"
+    )
     return p
 
 
@@ -63,9 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from cache_server.tiny_model import build_tiny_model
 
             tiny = TinyModelSettings(**_given(args, "layers", "hidden", "vocab", "seed"))
-            out = build_tiny_model(
-                args.dir, layers=tiny.layers, hidden=tiny.hidden, vocab=tiny.vocab, seed=tiny.seed
-            )
+            out = build_tiny_model(args.dir, layers=tiny.layers, hidden=tiny.hidden, vocab=tiny.vocab, seed=tiny.seed)
             shape = f"{tiny.layers} layers, hidden {tiny.hidden}, vocab {tiny.vocab}"
             print(f"wrote a tiny Qwen3 target ({shape}) to {out}")
             return 0
@@ -82,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "batch_tokens",
                 "wait_s",
                 "log_level",
+                "checkpoint_root",
+                "token",
+                "job_max_attempts",
             )
         )
     except (ValidationError, ValueError) as e:
@@ -95,9 +98,7 @@ def _serve(settings: Any) -> int:
 
     from cache_server.app import create_app
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(
         create_app(settings),
         host=settings.host,

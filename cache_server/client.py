@@ -92,9 +92,7 @@ def _raise_for_error(response: httpx.Response) -> None:
         err = response.json()["error"]
         code, message = str(err["code"]), str(err["message"])
     except (ValueError, KeyError, TypeError):
-        raise ProtocolError(
-            f"HTTP {response.status_code} without an error body: {response.text[:200]!r}"
-        ) from None
+        raise ProtocolError(f"HTTP {response.status_code} without an error body: {response.text[:200]!r}") from None
     if response.status_code == 503:
         retry = float(response.headers.get("Retry-After", "1"))
         raise NotReadyError(503, code, message, retry)
@@ -114,9 +112,7 @@ class CacheClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        self._http = httpx.Client(
-            base_url=self.base_url, timeout=timeout, transport=transport, headers=headers
-        )
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
 
     def __enter__(self) -> CacheClient:
         return self
@@ -180,9 +176,7 @@ class CacheClient:
                     pending.remove(pid)
             if pending:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"{len(pending)} prompts not ready after {timeout_s:.0f} s: {pending[:5]}"
-                    )
+                    raise TimeoutError(f"{len(pending)} prompts not ready after {timeout_s:.0f} s: {pending[:5]}")
                 time.sleep(poll_s)
         return [done[pid] for pid in dict.fromkeys(prompt_ids)]
 

@@ -3,10 +3,18 @@
 CacheServerError
 ├── InvalidRequest          bad input the caller can fix (422)
 │   ├── InvalidPrompt       a prompt that cannot be tokenized, is too long or has bad ids
-│   └── InvalidLayers       a layer list or token range outside the target
+│   ├── InvalidLayers       a layer list or token range outside the target
+│   ├── UnknownPrompts      a job names prompt ids that are not registered
+│   └── InvalidCheckpointPath  a job's checkpoint is outside the root, missing or not a checkpoint
+├── Unauthorized            a write without the server's bearer token (401)
+├── JobsDisabled            job submission without --checkpoint-root (403)
 ├── PromptNotFound          no prompt with that id is registered (404)
+├── JobNotFound             no job with that id (404)
+├── ReportNotReady          the job has no report yet (404)
 ├── PromptNotReady          still computing after the bounded wait (503 + Retry-After)
-└── PromptFailed            the target failed on this prompt (409)
+├── PromptFailed            the target failed on this prompt (409)
+├── JobFailed               the job failed, so it will never have a report (409)
+└── LeaseLost               a worker quoted a lease the job no longer holds (409)
 """
 
 from __future__ import annotations
@@ -56,3 +64,51 @@ class PromptFailed(CacheServerError):
     """The target failed to compute this prompt; the error says why."""
 
     code = "prompt_failed"
+
+
+class UnknownPrompts(InvalidRequest):
+    """A job names prompt ids that are not registered for the target."""
+
+    code = "unknown_prompts"
+
+
+class InvalidCheckpointPath(InvalidRequest):
+    """A job's checkpoint resolves outside the checkpoint root, does not exist or is not a checkpoint."""
+
+    code = "invalid_checkpoint_path"
+
+
+class Unauthorized(CacheServerError):
+    """A write request without the bearer token the server was started with."""
+
+    code = "unauthorized"
+
+
+class JobsDisabled(CacheServerError):
+    """Jobs cannot be submitted because the server has no checkpoint root."""
+
+    code = "jobs_disabled"
+
+
+class JobNotFound(CacheServerError):
+    """No job with that id."""
+
+    code = "job_not_found"
+
+
+class ReportNotReady(CacheServerError):
+    """The job is queued or running; its report does not exist yet."""
+
+    code = "report_not_ready"
+
+
+class JobFailed(CacheServerError):
+    """The job failed for good; the message carries its last error."""
+
+    code = "job_failed"
+
+
+class LeaseLost(CacheServerError):
+    """The lease a worker quoted is no longer the job's: it expired and was claimed again, or ended."""
+
+    code = "lease_lost"

@@ -19,9 +19,7 @@ def token_range(manifest: PromptManifest, start: int | None, stop: int | None) -
     lo = 0 if start is None else start
     hi = n if stop is None else stop
     if not 0 <= lo < hi <= n:
-        raise InvalidLayers(
-            f"token range start={start} stop={stop} is invalid; need 0 <= start < stop <= {n}"
-        )
+        raise InvalidLayers(f"token range start={start} stop={stop} is invalid; need 0 <= start < stop <= {n}")
     return lo, hi
 
 

@@ -12,9 +12,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cache_server.errors import (
     CacheServerError,
     InvalidRequest,
+    JobFailed,
+    JobNotFound,
+    JobsDisabled,
+    LeaseLost,
     PromptFailed,
     PromptNotFound,
     PromptNotReady,
+    ReportNotReady,
+    Unauthorized,
 )
 from schemas.errors import ErrorBody, ErrorDetail
 
@@ -22,15 +28,19 @@ log = logging.getLogger(__name__)
 
 STATUS_BY_ERROR: dict[type[CacheServerError], int] = {
     InvalidRequest: 422,
+    Unauthorized: 401,
+    JobsDisabled: 403,
     PromptNotFound: 404,
+    JobNotFound: 404,
+    ReportNotReady: 404,
     PromptNotReady: 503,
     PromptFailed: 409,
+    JobFailed: 409,
+    LeaseLost: 409,
 }
 
 
-def error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     body = ErrorBody(error=ErrorDetail(code=code, message=message))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
@@ -44,7 +54,11 @@ def _status_for(exc: CacheServerError) -> int:
 
 async def _domain_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, CacheServerError)
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, PromptNotReady) else None
+    headers = None
+    if isinstance(exc, PromptNotReady):
+        headers = {"Retry-After": str(exc.retry_after_s)}
+    elif isinstance(exc, Unauthorized):
+        headers = {"WWW-Authenticate": "Bearer"}
     return error_response(_status_for(exc), exc.code, str(exc), headers)
 
 

@@ -30,9 +30,7 @@ class Registration(BaseModel):
         return len(self.prompt_ids)
 
 
-def prompt_id_for(
-    prompt_ids: tuple[int, ...], response_ids: tuple[int, ...] | None, max_new_tokens: int | None
-) -> str:
+def prompt_id_for(prompt_ids: tuple[int, ...], response_ids: tuple[int, ...] | None, max_new_tokens: int | None) -> str:
     """Same tokens (and the same response request) -> the same id, on any server."""
     if response_ids is not None:
         max_new_tokens = None  # a given response makes generation settings irrelevant

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from cache_server.auth import WriteAccess
 from cache_server.errors import InvalidLayers
 from cache_server.heads_body import heads_body
 from cache_server.hidden_body import hidden_body, token_range
@@ -46,7 +47,7 @@ def model(service: ServiceDep) -> ModelInfo:
     )
 
 
-@router.post("/prompts", status_code=202)
+@router.post("/prompts", status_code=202, dependencies=[WriteAccess])
 def register(body: RegisterRequest, service: ServiceDep) -> RegisterResponse:
     return RegisterResponse(prompts=service.register(body.prompts, body.generate))
 
@@ -70,9 +71,7 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
     try:
         return [int(part) for part in text.split(",")] if text.strip() else []
     except ValueError:
-        raise InvalidLayers(
-            f"layers must be comma-separated integers in 0..{num_layers - 1}, got {text!r}"
-        ) from None
+        raise InvalidLayers(f"layers must be comma-separated integers in 0..{num_layers - 1}, got {text!r}") from None
 
 
 @router.get("/hidden")

@@ -142,9 +142,7 @@ class HiddenStateService:
     def _registered(self, prompt_id: str) -> Registration:
         reg = self.registry.get(prompt_id)
         if reg is None:
-            raise PromptNotFound(
-                f"no prompt {prompt_id!r} is registered for target {self.target.info.fingerprint}"
-            )
+            raise PromptNotFound(f"no prompt {prompt_id!r} is registered for target {self.target.info.fingerprint}")
         return reg
 
     # -- layers ---------------------------------------------------------------------------------
@@ -155,9 +153,7 @@ class HiddenStateService:
             raise InvalidLayers(f"no layers asked for; valid layer ids are 0..{n - 1}")
         bad = [k for k in layers if not 0 <= k < n]
         if bad:
-            raise InvalidLayers(
-                f"layer ids {bad} are outside the target's 0..{n - 1} (0-based decoder outputs)"
-            )
+            raise InvalidLayers(f"layer ids {bad} are outside the target's 0..{n - 1} (0-based decoder outputs)")
         if len(set(layers)) != len(layers):
             raise InvalidLayers(f"duplicated layer ids in {list(layers)}; valid layer ids are 0..{n - 1}")
 
@@ -257,9 +253,7 @@ class HiddenStateService:
 
     def _publish(self, job: _Job, seq: list[int], layers: dict[int, torch.Tensor]) -> None:
         try:
-            manifest = self.store.write(
-                job.reg.prompt_id, np.asarray(seq, dtype=np.int64), job.reg.prompt_len, layers
-            )
+            manifest = self.store.write(job.reg.prompt_id, np.asarray(seq, dtype=np.int64), job.reg.prompt_len, layers)
         except Exception as e:
             self._fail(job, e)
             return

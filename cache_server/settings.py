@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -30,6 +30,23 @@ class ServeSettings(BaseSettings):
     wait_s: float = Field(default=30.0, gt=0)  # how long GET /hidden waits for a pending prompt
     read_threads: int = Field(default=4, ge=1)
     log_level: str = "info"
+    checkpoint_root: Path | None = None  # POST /jobs only takes checkpoints under it; None: jobs refused
+    token: SecretStr | None = None  # when set, writes need `Authorization: Bearer <token>`
+    job_max_attempts: int = Field(default=3, ge=1, le=100)  # claims per job before it fails
+
+    @field_validator("checkpoint_root")
+    @classmethod
+    def _root_is_a_directory(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_dir():
+            raise ValueError(f"checkpoint_root {str(v)!r} is not an existing directory")
+        return v
+
+    @field_validator("token")
+    @classmethod
+    def _token_not_blank(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value().strip():
+            raise ValueError("token must not be empty (leave it unset to disable authentication)")
+        return v
 
     @field_validator("capture_layers")
     @classmethod
@@ -39,9 +56,7 @@ class ServeSettings(BaseSettings):
             try:
                 ids = [int(x) for x in v.split(",")]
             except ValueError:
-                raise ValueError(
-                    f"capture_layers must be 'all' or comma-separated integers, got {v!r}"
-                ) from None
+                raise ValueError(f"capture_layers must be 'all' or comma-separated integers, got {v!r}") from None
             if not ids or len(set(ids)) != len(ids):
                 raise ValueError(f"capture_layers must list distinct layer ids, got {v!r}")
         return v

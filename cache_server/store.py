@@ -216,8 +216,7 @@ class HiddenStore:
         want = (stop - start, len(layers) * h)
         if out.dtype != self.numpy_dtype or out.shape != want or not out.flags.writeable:
             raise StoreInputError(
-                f"out must be a writeable {self.numpy_dtype} array of shape {want}, "
-                f"got {out.dtype} {out.shape}"
+                f"out must be a writeable {self.numpy_dtype} array of shape {want}, got {out.dtype} {out.shape}"
             )
         if stop == start or not layers:
             return

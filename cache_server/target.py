@@ -62,9 +62,7 @@ class Target:
         self.device = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, self.device)
         if not (model_dir / "config.json").is_file():
-            raise FileNotFoundError(
-                f"--model {model_dir} is not a Hugging Face model directory (no config.json)"
-            )
+            raise FileNotFoundError(f"--model {model_dir} is not a Hugging Face model directory (no config.json)")
         fingerprint = target_fingerprint(model_dir, dtype_name(torch_dtype))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
@@ -110,9 +108,7 @@ class Target:
     def check_token_ids(self, ids: Sequence[int], field: str) -> None:
         bad = [t for t in ids if not 0 <= t < self.info.vocab_size]
         if bad:
-            raise InvalidPrompt(
-                f"{field} has ids outside the vocabulary [0, {self.info.vocab_size}): {bad[:5]}"
-            )
+            raise InvalidPrompt(f"{field} has ids outside the vocabulary [0, {self.info.vocab_size}): {bad[:5]}")
 
     def check_length(self, total_tokens: int) -> None:
         if total_tokens > self.info.max_positions:
@@ -137,9 +133,7 @@ class Target:
         return [int(t) for t in out[0, input_ids.shape[1] :].tolist()]
 
     @torch.inference_mode()
-    def capture(
-        self, sequences: Sequence[Sequence[int]], layers: Sequence[int]
-    ) -> list[dict[int, torch.Tensor]]:
+    def capture(self, sequences: Sequence[Sequence[int]], layers: Sequence[int]) -> list[dict[int, torch.Tensor]]:
         """One batched forward; per sequence, {layer: [T, H] CPU tensor of the target dtype}.
 
         Right padding keeps every real position's causal context unchanged; a single sequence runs
@@ -148,9 +142,7 @@ class Target:
         lengths = [len(s) for s in sequences]
         longest = max(lengths)
         pad = self.tokenizer.pad_token_id or 0
-        input_ids = torch.tensor(
-            [list(s) + [pad] * (longest - len(s)) for s in sequences], device=self.device
-        )
+        input_ids = torch.tensor([list(s) + [pad] * (longest - len(s)) for s in sequences], device=self.device)
         mask = None
         if len(sequences) > 1:
             mask = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).long().to(self.device)

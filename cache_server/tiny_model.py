@@ -84,9 +84,7 @@ def tiny_config(layers: int, hidden: int, vocab: int) -> Qwen3Config:
     )
 
 
-def build_tiny_model(
-    out_dir: Path, *, layers: int = 8, hidden: int = 64, vocab: int = 512, seed: int = 0
-) -> Path:
+def build_tiny_model(out_dir: Path, *, layers: int = 8, hidden: int = 64, vocab: int = 512, seed: int = 0) -> Path:
     """Write a random Qwen3 causal LM and its tokenizer to `out_dir` in HF format."""
     if vocab < MIN_VOCAB:
         raise ValueError(f"--vocab must be at least {MIN_VOCAB} (256 bytes + special tokens + spare rows)")

@@ -87,9 +87,7 @@ def parse(body: bytes | bytearray | memoryview) -> tuple[dict[str, torch.Tensor]
         lo, hi = entry["data_offsets"]
         dtype = TORCH_DTYPES.get(entry["dtype"])
         if dtype is None or hi > len(data):
-            raise WireFormatError(
-                f"tensor {name!r}: unsupported dtype {entry['dtype']} or range past the body"
-            )
+            raise WireFormatError(f"tensor {name!r}: unsupported dtype {entry['dtype']} or range past the body")
         flat = torch.frombuffer(data[lo:hi], dtype=dtype) if hi > lo else torch.empty(0, dtype=dtype)
         tensors[name] = flat.reshape(entry["shape"])
     return tensors, metadata

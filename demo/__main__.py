@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     _say("summary")
     for r in reports:
         trees = "  ".join(f"DDTree-{b} {s.mean_tau:.2f}" for b, s in sorted(r.summary.trees.items()) if s.mean_tau)
-        print(f"{Path(r.checkpoint_path).name:<16} step {r.step!s:>4}  chain tau {r.summary.chain.mean_tau:.2f}  {trees}")
+        print(
+            f"{Path(r.checkpoint_path).name:<16} step {r.step!s:>4}  chain tau {r.summary.chain.mean_tau:.2f}  {trees}"
+        )
     print(f"\ndone in {time.perf_counter() - started:.0f} s; everything is under {args.workdir}/")
     return 0
 

@@ -46,13 +46,9 @@ def _walk(
     return taus
 
 
-def chain_round_taus(
-    token_ids: Sequence[int], prompt_len: int, block_size: int, drafts: DraftLookup
-) -> list[int]:
+def chain_round_taus(token_ids: Sequence[int], prompt_len: int, block_size: int, drafts: DraftLookup) -> list[int]:
     """Per-round tau of greedy chain drafting over prompt + target-greedy response `token_ids`."""
-    return _walk(
-        token_ids, prompt_len, block_size, lambda s, ref: chain_accept_length(drafts.greedy_drafts(s), ref)
-    )
+    return _walk(token_ids, prompt_len, block_size, lambda s, ref: chain_accept_length(drafts.greedy_drafts(s), ref))
 
 
 def tree_round_taus(

@@ -118,9 +118,7 @@ def load_checkpoint(
         "loaded %s checkpoint %s (step %s): target_layer_ids %s from %s, block_size %d",
         raw.format, path, raw.step, list(layer_ids.ids), layer_ids.source, cfg.block_size,
     )  # fmt: skip
-    return LoadedCheckpoint(
-        path, raw.format, cfg, drafter, layer_ids.ids, layer_ids.source, raw.step, raw.epoch
-    )
+    return LoadedCheckpoint(path, raw.format, cfg, drafter, layer_ids.ids, layer_ids.source, raw.step, raw.epoch)
 
 
 def read_raw(path: Path, config_path: Path | None = None) -> RawCheckpoint:

@@ -59,8 +59,7 @@ class DrafterConfig:
             raise CheckpointRefused(f"config block_size must be at least 2, got {cfg.block_size}")
         if cfg.num_attention_heads % cfg.num_key_value_heads:
             raise CheckpointRefused(
-                f"config num_attention_heads {heads} is not a multiple of num_key_value_heads "
-                f"{cfg.num_key_value_heads}"
+                f"config num_attention_heads {heads} is not a multiple of num_key_value_heads {cfg.num_key_value_heads}"
             )
         if cfg.head_dim % 2:
             raise CheckpointRefused(f"config head_dim must be even for RoPE, got {cfg.head_dim}")
@@ -136,6 +135,4 @@ def _refuse_unsupported(raw: Mapping[str, Any]) -> None:
         raise CheckpointRefused(f"config hidden_act {raw['hidden_act']!r} is not silu")
     layer_types = raw.get("layer_types") or []
     if raw.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
-        raise CheckpointRefused(
-            "config asks for sliding-window attention, which this drafter does not implement"
-        )
+        raise CheckpointRefused("config asks for sliding-window attention, which this drafter does not implement")

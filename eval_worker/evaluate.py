@@ -56,9 +56,7 @@ def score_prompt(
         prompt_len=prompt_len,
         num_tokens=len(token_ids),
         chain=round_taus(chain_round_taus(token_ids, prompt_len, block_size, drafts)),
-        trees={
-            b: round_taus(tree_round_taus(token_ids, prompt_len, block_size, drafts, b)) for b in tree_budgets
-        },
+        trees={b: round_taus(tree_round_taus(token_ids, prompt_len, block_size, drafts, b)) for b in tree_budgets},
     )
 
 
@@ -111,9 +109,7 @@ def evaluate(
             top_k=top_k,
             chunk_size=opts.chunk_size,
         )
-        results.append(
-            score_prompt(prompt_id, drafts, token_ids.tolist(), prompt_len, block_size, opts.tree_budgets)
-        )
+        results.append(score_prompt(prompt_id, drafts, token_ids.tolist(), prompt_len, block_size, opts.tree_budgets))
     summary = EvalSummary(
         chain=summarize([r.chain for r in results]),
         trees={b: summarize([r.trees[b] for r in results]) for b in opts.tree_budgets},
@@ -144,9 +140,7 @@ def _check_heads(heads: TargetHeads, info: ModelInfo) -> None:
     want = (info.vocab_size, info.hidden_size)
     for name, tensor in (("embed_tokens", heads.embed_tokens), ("lm_head", heads.lm_head)):
         if tuple(tensor.shape) != want:
-            raise FeatureMismatch(
-                f"target {name} has shape {list(tensor.shape)}, the model says {list(want)}"
-            )
+            raise FeatureMismatch(f"target {name} has shape {list(tensor.shape)}, the model says {list(want)}")
 
 
 def _check_hidden(
@@ -160,18 +154,13 @@ def _check_hidden(
             f"{list(checkpoint.drafter.fc.weight.shape)} needs width {fc_width} for layers {layers}"
         )
     if meta.layers != layers:
-        raise FeatureMismatch(
-            f"prompt {prompt_id}: requested layers {layers}, the cache served {meta.layers}"
-        )
+        raise FeatureMismatch(f"prompt {prompt_id}: requested layers {layers}, the cache served {meta.layers}")
     if meta.model_fingerprint != fingerprint:
         raise FeatureMismatch(
-            f"prompt {prompt_id}: features are from target {meta.model_fingerprint!r}, "
-            f"heads from {fingerprint!r}"
+            f"prompt {prompt_id}: features are from target {meta.model_fingerprint!r}, heads from {fingerprint!r}"
         )
     if meta.layer_convention != LAYER_CONVENTION:
-        raise FeatureMismatch(
-            f"prompt {prompt_id}: layer convention {meta.layer_convention!r} != {LAYER_CONVENTION!r}"
-        )
+        raise FeatureMismatch(f"prompt {prompt_id}: layer convention {meta.layer_convention!r} != {LAYER_CONVENTION!r}")
     if meta.hidden_size != checkpoint.config.hidden_size:
         raise FeatureMismatch(
             f"prompt {prompt_id}: features have hidden size {meta.hidden_size}, the drafter "

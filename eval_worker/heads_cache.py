@@ -29,9 +29,7 @@ class HeadsCache:
         self.directory = (directory or DEFAULT_HEADS_DIR).expanduser()
 
     def path_for(self, fingerprint: str) -> Path:
-        name = (
-            fingerprint if _SAFE_NAME.match(fingerprint) else hashlib.sha256(fingerprint.encode()).hexdigest()
-        )
+        name = fingerprint if _SAFE_NAME.match(fingerprint) else hashlib.sha256(fingerprint.encode()).hexdigest()
         return self.directory / f"{name}.safetensors"
 
     def get(self, source: FeatureSource, fingerprint: str) -> TargetHeads:

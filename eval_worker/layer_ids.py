@@ -35,8 +35,7 @@ def resolve_layer_ids(
     """Checkpoint ids if present (an override must agree), else the override, else inferred from fc."""
     if len(fc_shape) != 2 or fc_shape[1] % hidden_size or fc_shape[1] == 0:
         raise CheckpointRefused(
-            f"fc.weight has shape {list(fc_shape)}: its width is not a positive multiple of "
-            f"hidden size {hidden_size}"
+            f"fc.weight has shape {list(fc_shape)}: its width is not a positive multiple of hidden size {hidden_size}"
         )
     num_taps = fc_shape[1] // hidden_size
     if checkpoint_ids is not None:

@@ -17,6 +17,12 @@ class WorkerSettings(BaseSettings):
     heads_cache: Path | None = None  # default ~/.cache/hidden-state-cache/heads
     token: str | None = None  # bearer token for the server's write endpoints
     timeout_s: float = Field(default=600.0, gt=0)  # how long to wait for pending prompts
+    # `eval-worker serve` (the job worker):
+    poll_interval: float = Field(default=2.0, gt=0)  # seconds between claims when the queue is empty
+    lease_s: float = Field(default=60.0, gt=0)  # a job's lease; renewed every lease_s / 3 while working
+    name: str | None = None  # worker name recorded on jobs; default host:pid
+    # `submit` / `watch`: the local directory the server knows as its --checkpoint-root
+    checkpoint_root: Path | None = None
 
     @field_validator("token")
     @classmethod

@@ -31,9 +31,7 @@ class PromptSpec(BaseModel):
     def _exactly_one_source(self) -> PromptSpec:
         given = [k for k in ("text", "messages", "token_ids") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(
-                f"a prompt needs exactly one of text, messages, token_ids (got {given or 'none'})"
-            )
+            raise ValueError(f"a prompt needs exactly one of text, messages, token_ids (got {given or 'none'})")
         if self.text is not None and not self.text:
             raise ValueError("text must not be empty")
         return self

@@ -33,9 +33,7 @@ def get_hidden(client: TestClient, prompt_id: str, layers: str, **params: object
     return parse(bytearray(r.content))
 
 
-def register_ready(
-    client: TestClient, prompts: list[dict], generate: int | None = None, layer: int = 0
-) -> list[str]:
+def register_ready(client: TestClient, prompts: list[dict], generate: int | None = None, layer: int = 0) -> list[str]:
     body: dict = {"prompts": prompts}
     if generate:
         body["generate"] = {"max_new_tokens": generate}

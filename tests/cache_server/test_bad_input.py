@@ -113,9 +113,7 @@ def test_pending_prompt_gets_503_with_retry_after_then_data(tiny_target: Path, t
     build = _GatedService()
     app = create_app(serve_settings(tiny_target, tmp_path / "store", wait_s=0.2), build=build)
     with TestClient(app) as client:
-        pid = client.post("/prompts", json={"prompts": [{"token_ids": TOKENS}]}).json()["prompts"][0][
-            "prompt_id"
-        ]
+        pid = client.post("/prompts", json={"prompts": [{"token_ids": TOKENS}]}).json()["prompts"][0]["prompt_id"]
         r = client.get("/hidden", params={"prompt_id": pid, "layers": "1"})
         assert "still being computed" in _error(r, 503)
         assert int(r.headers["Retry-After"]) > 0

@@ -23,9 +23,7 @@ def _client(handler) -> CacheClient:  # type: ignore[no-untyped-def]
 
 
 def _error(status: int, code: str, headers: dict[str, str] | None = None) -> httpx.Response:
-    return httpx.Response(
-        status, json={"error": {"code": code, "message": f"{code} happened"}}, headers=headers
-    )
+    return httpx.Response(status, json={"error": {"code": code, "message": f"{code} happened"}}, headers=headers)
 
 
 @pytest.mark.parametrize(
@@ -51,13 +49,9 @@ def test_not_ready_carries_retry_after() -> None:
 
 
 def _body(layers: str, width: int) -> bytes:
-    fields = dict(
-        prompt_id="p", layers=layers, layer_convention="decoder_output_0based", model_fingerprint="f"
-    )
+    fields = dict(prompt_id="p", layers=layers, layer_convention="decoder_output_0based", model_fingerprint="f")
     meta = {**fields, "hidden_size": "4", "prompt_len": "1", "start": "0", "stop": "2", "dtype": "float32"}
-    body = frame(
-        [TensorSpec("hidden", torch.float32, (2, width)), TensorSpec("token_ids", torch.int64, (2,))], meta
-    )
+    body = frame([TensorSpec("hidden", torch.float32, (2, width)), TensorSpec("token_ids", torch.int64, (2,))], meta)
     body.buffer[-(2 * width * 4 + 16) :] = 0
     return body.buffer.tobytes()
 
@@ -75,8 +69,6 @@ def test_a_body_with_other_layers_than_asked_is_refused() -> None:
 
 def test_truncated_body_is_a_protocol_error() -> None:
     data = _body("1,2", 8)
-    response = httpx.Response(
-        200, stream=httpx.ByteStream(data[:-5]), headers={"Content-Length": str(len(data))}
-    )
+    response = httpx.Response(200, stream=httpx.ByteStream(data[:-5]), headers={"Content-Length": str(len(data))})
     with _client(lambda _: response) as client, pytest.raises(ProtocolError):
         client.hidden("p", [1, 2])

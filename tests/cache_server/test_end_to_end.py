@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from cache_server.child import free_port, running_server
 from cache_server.client import CacheClient, InvalidRequestError, NotFoundError, ServerUnreachable
 from tests.cache_server.reference import direct_layer_outputs
-from cache_server.child import free_port, running_server
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,7 @@ COMPUTED = "cache_server_prompts_computed_total"
 def test_concurrent_requests_for_many_layer_sets_compute_once(tiny_target: Path, tmp_path: Path) -> None:
     layer_sets = ["0", "1,2", "5,4,3", "0,1,2,3,4,5", "2"] * 4
     with app_client(tiny_target, tmp_path / "store") as client:
-        pid = client.post("/prompts", json={"prompts": [{"token_ids": TOKENS}]}).json()["prompts"][0][
-            "prompt_id"
-        ]
+        pid = client.post("/prompts", json={"prompts": [{"token_ids": TOKENS}]}).json()["prompts"][0]["prompt_id"]
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(lambda ls: get_hidden(client, pid, ls)[0]["hidden"], layer_sets))
         assert metric(client, COMPUTED) == 1

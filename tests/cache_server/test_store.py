@@ -66,9 +66,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
-def read(
-    store: HiddenStore, prompt_id: str, layers: list[int], start: int = 0, stop: int = T
-) -> torch.Tensor:
+def read(store: HiddenStore, prompt_id: str, layers: list[int], start: int = 0, stop: int = T) -> torch.Tensor:
     out = np.empty((stop - start, len(layers) * H), dtype=store.numpy_dtype)
     store.read_into(prompt_id, layers, out, start, stop)
     return dtypes.numpy_to_tensor(out, store.dtype)
@@ -146,9 +144,7 @@ def test_adding_layers_keeps_old_ones(open_store: OpenStore, small_chunks: None)
     store = open_store()
     first = store.write("p1", TOKENS, 10, {3: make_layer(3, torch.bfloat16)})
     # Layer 3 is already stored: the new tensor given for it is ignored, layer 1 is added.
-    second = store.write(
-        "p1", TOKENS, 10, {1: make_layer(1, torch.bfloat16), 3: make_layer(99, torch.bfloat16)}
-    )
+    second = store.write("p1", TOKENS, 10, {1: make_layer(1, torch.bfloat16), 3: make_layer(99, torch.bfloat16)})
     assert second.layers == (1, 3)
     assert second.created_at == first.created_at
     assert torch.equal(bits(read(store, "p1", [3])), bits(make_layer(3, torch.bfloat16)))
@@ -241,9 +237,7 @@ def test_interrupted_writes_are_never_served_and_removed_on_reopen(open_store: O
     assert torch.equal(bits(read(store, "p1", [5])), bits(make_layer(5, torch.bfloat16)))
 
 
-def test_failed_publish_leaves_nothing_visible(
-    open_store: OpenStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failed_publish_leaves_nothing_visible(open_store: OpenStore, monkeypatch: pytest.MonkeyPatch) -> None:
     store = open_store()
 
     def crash(path: Path, payload: bytes) -> None:

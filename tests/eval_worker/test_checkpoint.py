@@ -27,9 +27,7 @@ def _hf_dir(tmp_path: Path, cfg: DrafterConfig | None = None, layout: HfLayout =
     return save_hf_checkpoint(tmp_path / "hf", random_drafter(cfg, 3), layout=layout)
 
 
-def _rewrite(
-    ckpt: Path, *, config: dict[str, Any] | None = None, state: dict[str, torch.Tensor] | None = None
-) -> None:
+def _rewrite(ckpt: Path, *, config: dict[str, Any] | None = None, state: dict[str, torch.Tensor] | None = None) -> None:
     if config is not None:
         (ckpt / "config.json").write_text(json.dumps(config))
     if state is not None:
@@ -123,18 +121,14 @@ def test_wrong_tensor_shape_is_refused(tmp_path: Path) -> None:
     state = load_file(ckpt / "model.safetensors")
     state["layers.0.mlp.up_proj.weight"] = torch.zeros(40, 32)
     _rewrite(ckpt, state=state)
-    with pytest.raises(
-        CheckpointRefused, match=r"layers.0.mlp.up_proj.weight has shape \[40, 32\].*\[48, 32\]"
-    ):
+    with pytest.raises(CheckpointRefused, match=r"layers.0.mlp.up_proj.weight has shape \[40, 32\].*\[48, 32\]"):
         load_checkpoint(ckpt, TARGET)
 
 
 def test_four_tap_fc_with_five_layer_config_is_refused(tmp_path: Path) -> None:
     cfg = small_config(target_layer_ids=(1, 2, 3, 4, 5))
     ckpt = save_hf_checkpoint(tmp_path / "c", random_drafter(cfg, 4))
-    with pytest.raises(
-        CheckpointRefused, match=r"fc.weight has shape \[32, 128\] = 4 taps.*\[1, 2, 3, 4, 5\]"
-    ):
+    with pytest.raises(CheckpointRefused, match=r"fc.weight has shape \[32, 128\] = 4 taps.*\[1, 2, 3, 4, 5\]"):
         load_checkpoint(ckpt, TARGET)
 
 
@@ -170,12 +164,8 @@ def test_mask_token_outside_vocab_is_refused(tmp_path: Path) -> None:
         load_checkpoint(ckpt, TARGET)
 
 
-@pytest.mark.parametrize(
-    ("num_target_layers", "expected"), [(64, [1, 16, 31, 46, 61]), (36, [1, 9, 17, 25, 33])]
-)
-def test_layer_ids_inferred_from_fc_width(
-    tmp_path: Path, num_target_layers: int, expected: list[int]
-) -> None:
+@pytest.mark.parametrize(("num_target_layers", "expected"), [(64, [1, 16, 31, 46, 61]), (36, [1, 9, 17, 25, 33])])
+def test_layer_ids_inferred_from_fc_width(tmp_path: Path, num_target_layers: int, expected: list[int]) -> None:
     cfg = small_config(target_layer_ids=None, num_target_layers=None)
     ckpt = save_hf_checkpoint(tmp_path / "c", random_drafter(cfg, 5))
     assert "target_layer_ids" not in json.loads((ckpt / "config.json").read_text())["dflash_config"]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from cache_server.child import free_port, running_server
 from cache_server.client import CacheClient
 from eval_worker.checkpoint import load_checkpoint, save_hf_checkpoint, save_torch_checkpoint
 from eval_worker.cli import main
@@ -20,13 +21,14 @@ from eval_worker.train_tiny import Sequences
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
 from tests.eval_worker.test_evaluate import TinySource
-from cache_server.child import free_port, running_server
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def server(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory, sequences: Sequences) -> Iterator[tuple[str, list[str]]]:
+def server(
+    tiny_target: Path, tmp_path_factory: pytest.TempPathFactory, sequences: Sequences
+) -> Iterator[tuple[str, list[str]]]:
     """A real server holding the test prompts with the target's greedy responses."""
     with running_server(tiny_target, tmp_path_factory.mktemp("store")) as url, CacheClient(url) as client:
         specs = [
@@ -114,7 +116,9 @@ def test_unreachable_server_exits_3(trained_drafter: DFlashDrafter, tmp_path: Pa
     assert main(["evaluate", str(ckpt), "--server", f"http://127.0.0.1:{free_port()}", "--all-prompts"]) == 3
 
 
-def test_inspect(server: tuple[str, list[str]], trained_drafter: DFlashDrafter, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect(
+    server: tuple[str, list[str]], trained_drafter: DFlashDrafter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     url, _ = server
     ckpt = save_torch_checkpoint(tmp_path / "c.pt", trained_drafter, global_step=7, epoch=0)
     assert main(["inspect", str(ckpt)]) == 0

@@ -23,9 +23,7 @@ def _hf_norm(weight: Tensor, eps: float) -> Qwen3RMSNorm:
     return norm
 
 
-def reference_block(
-    drafter: DFlashDrafter, taps: Tensor, block: Tensor, embed: Tensor, head: Tensor
-) -> Tensor:
+def reference_block(drafter: DFlashDrafter, taps: Tensor, block: Tensor, embed: Tensor, head: Tensor) -> Tensor:
     """The published forward, step by step, with HF's RMSNorm / RoPE / MLP / repeat_kv; [B-1, V]."""
     cfg = drafter.cfg
     hf = Qwen3Config(
@@ -64,9 +62,7 @@ def reference_block(
         attn = (weights @ v).transpose(1, 2).reshape(1, b, -1)
         x = residual + attn @ sd[p + "self_attn.o_proj.weight"].T
         mlp = Qwen3MLP(hf)
-        mlp.load_state_dict(
-            {k.removeprefix(p + "mlp."): t for k, t in sd.items() if k.startswith(p + "mlp.")}
-        )
+        mlp.load_state_dict({k.removeprefix(p + "mlp."): t for k, t in sd.items() if k.startswith(p + "mlp.")})
         x = x + mlp(_hf_norm(sd[p + "post_attention_layernorm.weight"], eps)(x))
     x = _hf_norm(sd["norm.weight"], eps)(x)
     return (x[0, 1:] @ head.T).detach()

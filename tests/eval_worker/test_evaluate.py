@@ -38,8 +38,7 @@ class TinySource:
     def __init__(self, target: Any, info: ModelInfo, sequences: Sequences) -> None:
         self.target, self.info = target, info
         self.prompts = {
-            f"p{i}": (ids, n)
-            for i, (ids, n) in enumerate(zip(sequences.token_ids, sequences.prompt_lens, strict=True))
+            f"p{i}": (ids, n) for i, (ids, n) in enumerate(zip(sequences.token_ids, sequences.prompt_lens, strict=True))
         }
         self.heads_calls = 0
         self.requests: list[list[int]] = []
@@ -118,9 +117,7 @@ def test_report_matches_the_offline_walk(
 def test_hf_and_torch_checkpoints_score_the_same(
     source: TinySource, trained_drafter: DFlashDrafter, target_info: ModelInfo, tmp_path: Path
 ) -> None:
-    hf = load_checkpoint(
-        save_hf_checkpoint(tmp_path / "hf", trained_drafter, layout="top_level"), target_info
-    )
+    hf = load_checkpoint(save_hf_checkpoint(tmp_path / "hf", trained_drafter, layout="top_level"), target_info)
     pt_path = save_torch_checkpoint(tmp_path / "c.pt", trained_drafter, global_step=120, epoch=1)
     pt = load_checkpoint(pt_path, target_info)
     a, b = _evaluate(source, hf, tmp_path), _evaluate(source, pt, tmp_path)
@@ -137,9 +134,7 @@ def test_requested_layers_come_from_the_checkpoint_and_are_logged(
     assert "requesting target layers [1, 3, 5] for 8 prompts (source: checkpoint" in caplog.text
 
 
-def test_heads_are_cached_by_fingerprint(
-    source: TinySource, checkpoint: LoadedCheckpoint, tmp_path: Path
-) -> None:
+def test_heads_are_cached_by_fingerprint(source: TinySource, checkpoint: LoadedCheckpoint, tmp_path: Path) -> None:
     first = _evaluate(source, checkpoint, tmp_path)
     assert (tmp_path / "tiny-fp.safetensors").is_file()
     second = _evaluate(source, checkpoint, tmp_path)
@@ -156,17 +151,13 @@ class WrongLayers(TinySource):
 class OtherTarget(TinySource):
     def hidden(self, prompt_id: str, layers: Sequence[int]) -> HiddenResult:
         res = super().hidden(prompt_id, layers)
-        return HiddenResult(
-            res.hidden, res.token_ids, res.metadata.model_copy(update={"model_fingerprint": "x"})
-        )
+        return HiddenResult(res.hidden, res.token_ids, res.metadata.model_copy(update={"model_fingerprint": "x"}))
 
 
 class FourTaps(TinySource):
     def hidden(self, prompt_id: str, layers: Sequence[int]) -> HiddenResult:
         res = super().hidden(prompt_id, [*layers, 0])
-        return HiddenResult(
-            res.hidden, res.token_ids, res.metadata.model_copy(update={"layers": list(layers)})
-        )
+        return HiddenResult(res.hidden, res.token_ids, res.metadata.model_copy(update={"layers": list(layers)}))
 
 
 class Slice(TinySource):

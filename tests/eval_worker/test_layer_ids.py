@@ -13,29 +13,19 @@ def test_dflash_formula() -> None:
 
 
 def test_checkpoint_ids_win_and_override_must_agree() -> None:
-    got = resolve_layer_ids(
-        checkpoint_ids=[2, 7], override=None, fc_shape=(8, 16), hidden_size=8, num_target_layers=10
-    )
+    got = resolve_layer_ids(checkpoint_ids=[2, 7], override=None, fc_shape=(8, 16), hidden_size=8, num_target_layers=10)
     assert (got.ids, got.source) == ((2, 7), "checkpoint")
     with pytest.raises(CheckpointRefused, match=r"override \[2, 8\] contradicts.*\[2, 7\]"):
-        resolve_layer_ids(
-            checkpoint_ids=[2, 7], override=[2, 8], fc_shape=(8, 16), hidden_size=8, num_target_layers=10
-        )
+        resolve_layer_ids(checkpoint_ids=[2, 7], override=[2, 8], fc_shape=(8, 16), hidden_size=8, num_target_layers=10)
 
 
 def test_override_and_inferred_sources() -> None:
-    got = resolve_layer_ids(
-        checkpoint_ids=None, override=[0, 9], fc_shape=(8, 16), hidden_size=8, num_target_layers=10
-    )
+    got = resolve_layer_ids(checkpoint_ids=None, override=[0, 9], fc_shape=(8, 16), hidden_size=8, num_target_layers=10)
     assert (got.ids, got.source) == ((0, 9), "override")
-    got = resolve_layer_ids(
-        checkpoint_ids=None, override=None, fc_shape=(8, 40), hidden_size=8, num_target_layers=64
-    )
+    got = resolve_layer_ids(checkpoint_ids=None, override=None, fc_shape=(8, 40), hidden_size=8, num_target_layers=64)
     assert (got.ids, got.source) == ((1, 16, 31, 46, 61), "inferred")
 
 
 def test_fc_width_not_a_multiple_of_hidden_is_refused() -> None:
     with pytest.raises(CheckpointRefused, match=r"fc.weight has shape \[8, 20\]"):
-        resolve_layer_ids(
-            checkpoint_ids=None, override=None, fc_shape=(8, 20), hidden_size=8, num_target_layers=10
-        )
+        resolve_layer_ids(checkpoint_ids=None, override=None, fc_shape=(8, 20), hidden_size=8, num_target_layers=10)

@@ -18,9 +18,7 @@ from tests.eval_worker.helpers import BLOCK_SIZE, LAYER_IDS
 TREE_BUDGET = 6
 
 
-def _offline(
-    target: Any, drafter: DFlashDrafter, token_ids: list[int], prompt_len: int
-) -> tuple[list[int], list[int]]:
+def _offline(target: Any, drafter: DFlashDrafter, token_ids: list[int], prompt_len: int) -> tuple[list[int], list[int]]:
     """Chain and DDTree taus from ONE forward over prompt + the target's greedy response."""
     taps = target_forward(target, torch.tensor([token_ids]), LAYER_IDS).taps[0]
     embed, head = target_heads(target)

@@ -1,0 +1,43 @@
+"""Checks a job submission against the server before it is queued: checkpoint path, prompts, layers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cache_server.checkpoint_paths import resolve_checkpoint
+from cache_server.errors import InvalidLayers, JobsDisabled, UnknownPrompts
+from schemas.jobs import JobSubmit
+
+_SHOWN = 20  # unknown ids named in a message
+
+
+@dataclass(frozen=True)
+class CheckedJob:
+    spec: JobSubmit  # with `checkpoint` replaced by its resolved absolute path
+    checkpoint_relative: str
+
+
+def check_submission(
+    spec: JobSubmit, *, root: Path | None, is_registered: Callable[[str], bool], num_layers: int
+) -> CheckedJob:
+    if root is None:
+        raise JobsDisabled(
+            "this server does not take jobs: start it with --checkpoint-root DIR "
+            "(or CACHE_SERVER_CHECKPOINT_ROOT) to evaluate checkpoints under DIR"
+        )
+    checkpoint = resolve_checkpoint(root, spec.checkpoint)
+    if isinstance(spec.prompts, list):
+        unknown = [p for p in spec.prompts if not is_registered(p)]
+        if unknown:
+            more = f" and {len(unknown) - _SHOWN} more" if len(unknown) > _SHOWN else ""
+            raise UnknownPrompts(
+                f"prompt ids {unknown[:_SHOWN]}{more} are not registered for this target; "
+                "register them with POST /prompts first"
+            )
+    if spec.target_layer_ids is not None:
+        bad = [k for k in spec.target_layer_ids if k >= num_layers]
+        if bad:
+            raise InvalidLayers(f"target_layer_ids {bad} are outside the target's 0..{num_layers - 1}")
+    return CheckedJob(spec.model_copy(update={"checkpoint": str(checkpoint.path)}), checkpoint.relative.as_posix())

@@ -1,0 +1,152 @@
+"""Job calls on top of `CacheClient`: submit and watch jobs, and the worker protocol. Extra errors:
+
+ApiError (cache_server.client)
+├── UnauthorizedError       401: a write without the server's bearer token
+├── JobFailedError          409 job_failed: the job failed, it will never have a report
+├── LeaseLostError          409 lease_lost: the lease was taken over or the job ended; drop the work
+└── NotFoundError
+    └── ReportNotReadyError 404 report_not_ready: the job is queued or running
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import httpx
+from pydantic import ValidationError
+
+from cache_server.client import ApiError, CacheClient, NotFoundError, ProtocolError
+from schemas.jobs import (
+    Claim,
+    ClaimRequest,
+    CompleteRequest,
+    FailRequest,
+    JobPage,
+    JobState,
+    JobStatus,
+    JobSubmit,
+    RenewRequest,
+)
+from schemas.report import EvalReport
+
+
+class UnauthorizedError(ApiError):
+    """401: the server wants `Authorization: Bearer <token>` on writes."""
+
+
+class JobFailedError(ApiError):
+    """409 job_failed: the job failed for good."""
+
+
+class LeaseLostError(ApiError):
+    """409 lease_lost: this worker no longer holds the job; its result was not stored."""
+
+
+class ReportNotReadyError(NotFoundError):
+    """404 report_not_ready: the job has not finished yet."""
+
+
+_BY_CODE: dict[str, type[ApiError]] = {
+    "unauthorized": UnauthorizedError,
+    "job_failed": JobFailedError,
+    "lease_lost": LeaseLostError,
+    "report_not_ready": ReportNotReadyError,
+}
+_FINISHED = (JobStatus.done, JobStatus.failed)
+
+
+class JobsClient:
+    """Wraps a `CacheClient` (which carries the base URL, the token and the connection pool)."""
+
+    def __init__(self, client: CacheClient) -> None:
+        self.client = client
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self.client._request(method, path, **kwargs)
+        except ApiError as e:
+            cls = _BY_CODE.get(e.code)
+            if cls is None or isinstance(e, cls):
+                raise
+            raise cls(e.status, e.code, e.message) from e
+
+    def _state(self, method: str, path: str, **kwargs: Any) -> JobState:
+        return JobState.model_validate(self._call(method, path, **kwargs).json())
+
+    # -- submitting and watching ----------------------------------------------------------------
+
+    def submit(
+        self,
+        checkpoint: str,
+        prompts: Literal["all"] | Sequence[str] = "all",
+        tree_budgets: Sequence[int] = (),
+        target_layer_ids: Sequence[int] | None = None,
+        block_size: int | None = None,
+    ) -> JobState:
+        body = JobSubmit(
+            checkpoint=checkpoint,
+            prompts=prompts if prompts == "all" else list(prompts),
+            tree_budgets=list(tree_budgets),
+            target_layer_ids=list(target_layer_ids) if target_layer_ids is not None else None,
+            block_size=block_size,
+        )
+        return self._state("POST", "/jobs", json=body.model_dump(mode="json", exclude_none=True))
+
+    def job(self, job_id: str) -> JobState:
+        return self._state("GET", f"/jobs/{job_id}")
+
+    def jobs(self, status: JobStatus | None = None, page_size: int = 1000) -> list[JobState]:
+        """Every job (in submission order), paging through `GET /jobs`."""
+        out: list[JobState] = []
+        while True:
+            params: dict[str, Any] = {"offset": len(out), "limit": page_size}
+            if status is not None:
+                params["status"] = status.value
+            page = JobPage.model_validate(self._call("GET", "/jobs", params=params).json())
+            out.extend(page.jobs)
+            if not page.jobs or len(out) >= page.total:
+                return out
+
+    def report(self, job_id: str) -> EvalReport:
+        """The report of a done job; ReportNotReadyError before, JobFailedError if it failed."""
+        text = self._call("GET", f"/jobs/{job_id}/report").text
+        try:
+            return EvalReport.model_validate_json(text)
+        except ValidationError as e:
+            raise ProtocolError(f"job {job_id}'s report is not an EvalReport: {e}") from e
+
+    def wait(self, job_id: str, timeout_s: float = 3600.0, poll_s: float = 1.0) -> JobState:
+        """Poll until the job is done or failed (check `.status`); TimeoutError past `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.job(job_id)
+            if state.status in _FINISHED:
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {state.status} after {timeout_s:.0f} s")
+            time.sleep(poll_s)
+
+    # -- worker protocol ------------------------------------------------------------------------
+
+    def claim(self, worker: str, lease_s: float) -> Claim | None:
+        """The next job leased to `worker`, or None when nothing is claimable."""
+        body = ClaimRequest(worker=worker, lease_s=lease_s).model_dump(mode="json")
+        response = self._call("POST", "/jobs/claim", json=body)
+        if response.status_code == 204:
+            return None
+        return Claim.model_validate(response.json())
+
+    def renew(self, job_id: str, lease: str, lease_s: float | None = None) -> JobState:
+        body = RenewRequest(lease=lease, lease_s=lease_s).model_dump(mode="json", exclude_none=True)
+        return self._state("POST", f"/jobs/{job_id}/renew", json=body)
+
+    def complete(self, job_id: str, lease: str, report: EvalReport | dict[str, Any]) -> JobState:
+        checked = report if isinstance(report, EvalReport) else EvalReport.model_validate(report)
+        body = CompleteRequest(lease=lease, report=checked).model_dump(mode="json")
+        return self._state("POST", f"/jobs/{job_id}/complete", json=body)
+
+    def fail(self, job_id: str, lease: str, error: str, retryable: bool) -> JobState:
+        body = FailRequest(lease=lease, error=error, retryable=retryable).model_dump(mode="json")
+        return self._state("POST", f"/jobs/{job_id}/fail", json=body)

@@ -1,0 +1,146 @@
+"""Checkpoint evaluation jobs: the bodies of `/jobs` and of the worker protocol (claim, renew, ...)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.report import EvalReport
+
+MAX_TREE_BUDGET = 4096  # DDTree budgets above this are refused at submission
+MAX_PROMPT_IDS = 10000
+MAX_LEASE_S = 86400.0
+MAX_ERROR_CHARS = 20000
+
+
+def _distinct(values: list[Any], what: str) -> None:
+    dupes = sorted(v for v, n in Counter(values).items() if n > 1)
+    if dupes:
+        raise ValueError(f"{what} must be distinct, got {dupes} more than once")
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    done = "done"
+    failed = "failed"
+
+
+class JobSubmit(BaseModel):
+    """`POST /jobs`: evaluate one drafter checkpoint on cached prompts (the worker's options)."""
+
+    model_config = ConfigDict(extra="forbid")
+    checkpoint: str = Field(min_length=1, max_length=4096, description="path inside --checkpoint-root")
+    prompts: Literal["all"] | list[str] = Field(
+        default="all", description='"all": every prompt registered for the target when the job is claimed'
+    )
+    tree_budgets: list[int] = Field(default_factory=list, max_length=64)
+    target_layer_ids: list[int] | None = Field(default=None, min_length=1, max_length=256)
+    block_size: int | None = Field(default=None, ge=2, le=1024)
+
+    @field_validator("prompts", mode="before")
+    @classmethod
+    def _prompts(cls, v: object) -> object:
+        if isinstance(v, str) and v != "all":
+            raise ValueError(f'prompts must be "all" or a list of prompt ids, got {v!r}')
+        if isinstance(v, list):
+            if not v:
+                raise ValueError('prompts must not be empty (use "all" for every registered prompt)')
+            if len(v) > MAX_PROMPT_IDS:
+                raise ValueError(f"at most {MAX_PROMPT_IDS} prompt ids per job, got {len(v)}")
+            if all(isinstance(p, str) for p in v):
+                if not all(v):
+                    raise ValueError("prompt ids must not be empty strings")
+                _distinct(v, "prompt ids")
+        return v
+
+    @field_validator("tree_budgets")
+    @classmethod
+    def _budgets(cls, v: list[int]) -> list[int]:
+        bad = [b for b in v if not 1 <= b <= MAX_TREE_BUDGET]
+        if bad:
+            raise ValueError(f"tree budgets must be in 1..{MAX_TREE_BUDGET}, got {bad}")
+        _distinct(v, "tree budgets")
+        return v
+
+    @field_validator("target_layer_ids")
+    @classmethod
+    def _layers(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None:
+            if any(k < 0 for k in v):
+                raise ValueError(f"target layer ids must be >= 0, got {v}")
+            _distinct(v, "target layer ids")
+        return v
+
+
+class JobState(BaseModel):
+    """`GET /jobs/{id}`. `checkpoint` is the resolved absolute path the worker opens."""
+
+    job_id: str
+    status: JobStatus
+    checkpoint: str
+    checkpoint_relative: str = Field(description="the checkpoint's path relative to --checkpoint-root")
+    prompts: Literal["all"] | list[str]
+    tree_budgets: list[int]
+    target_layer_ids: list[int] | None
+    block_size: int | None
+    target_fingerprint: str | None = Field(description="the target the server served at submission")
+    attempts: int = Field(description="claims so far, the current one included")
+    max_attempts: int
+    worker: str | None = Field(description="the worker of the latest claim")
+    created_at: datetime
+    started_at: datetime | None = Field(description="time of the latest claim")
+    finished_at: datetime | None
+    lease_expires_at: datetime | None = Field(description="set while running")
+    error: str | None = Field(description="the latest failure; kept across retries, cleared when done")
+
+
+class JobPage(BaseModel):
+    jobs: list[JobState]
+    total: int
+    offset: int
+    limit: int
+
+
+class ClaimRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    worker: str = Field(min_length=1, max_length=256)
+    lease_s: float = Field(gt=0, le=MAX_LEASE_S)
+
+
+class Claim(BaseModel):
+    """A claimed job and the lease that renew/complete/fail must quote."""
+
+    job: JobState
+    lease: str
+    prompt_ids: list[str] = Field(
+        description="the job's prompt ids; for 'all', every prompt registered when the job was claimed"
+    )
+
+
+class RenewRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lease: str = Field(min_length=1)
+    lease_s: float | None = Field(default=None, gt=0, le=MAX_LEASE_S, description="default: the claim's")
+
+
+class CompleteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lease: str = Field(min_length=1)
+    report: EvalReport
+
+
+class FailRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lease: str = Field(min_length=1)
+    error: str = Field(min_length=1, description=f"kept to its last {MAX_ERROR_CHARS} characters")
+    retryable: bool
+
+    @field_validator("error")
+    @classmethod
+    def _tail(cls, v: str) -> str:
+        return v if len(v) <= MAX_ERROR_CHARS else "..." + v[-MAX_ERROR_CHARS:]
