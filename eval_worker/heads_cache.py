@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
+import uuid
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
@@ -46,7 +46,8 @@ class HeadsCache:
                 f"the server's heads are for target {heads.fingerprint!r}, but its model is {fingerprint!r}"
             )
         self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        # unique per writer: worker replicas share this directory (and, in containers, their pid)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         save_file(
             {EMBED_TENSOR: heads.embed_tokens.contiguous(), LM_HEAD_TENSOR: heads.lm_head.contiguous()},
             tmp,
