@@ -2,7 +2,8 @@
 
 Builds a tiny random Qwen3 target, starts a real cache server, registers prompts whose responses
 the target generates, trains a tiny DFlash drafter on features fetched from the cache and saves it
-at two steps, then evaluates both checkpoints with the real `eval-worker evaluate` command.
+at two steps, submits both checkpoints as jobs, runs an eval worker until they are done, then
+prints the leaderboard and writes the tau plot.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -20,12 +22,14 @@ from transformers import AutoConfig
 
 from cache_server.child import running_server
 from cache_server.client import CacheClient
+from cache_server.jobs_client import JobsClient
 from cache_server.tiny_model import build_tiny_model
-from eval_worker.checkpoint import save_hf_checkpoint, save_torch_checkpoint
+from eval_worker.checkpoint import save_torch_checkpoint
+from eval_worker.compare import compare_table, plot
 from eval_worker.drafter import DFlashDrafter
 from eval_worker.layer_ids import default_layer_ids
 from eval_worker.train_tiny import Sequences, TinyTrainer, tiny_drafter_config
-from schemas.report import EvalReport
+from schemas.jobs import JobStatus
 
 TEXTS = [
     "def fib(n):",
@@ -37,6 +41,7 @@ TEXTS = [
     "Speculative decoding drafts",
     "print(x.sum(axis=0))",
 ]
+HELD_OUT = 2  # the last prompts are never trained on
 
 
 def _say(msg: str) -> None:
@@ -53,6 +58,41 @@ def fetch_sequences(client: CacheClient, prompt_ids: list[str], layers: list[int
     )
 
 
+def train_checkpoints(client: CacheClient, target: Path, prompt_ids: list[str], steps: list[int], runs: Path) -> None:
+    info = client.model()
+    layers = default_layer_ids(info.num_layers, 3)
+    _say(f"training a tiny DFlash drafter on cached layers {layers} (the DFlash formula for 3 taps)")
+    heads = client.heads()
+    train = fetch_sequences(client, prompt_ids[:-HELD_OUT], layers)
+    drafter = DFlashDrafter(tiny_drafter_config(AutoConfig.from_pretrained(target), layers, block_size=4), len(layers))
+    trainer = TinyTrainer(drafter, train, heads.embed_tokens.float(), heads.lm_head.float(), lr=1e-3)
+    for step in steps:
+        loss = trainer.run(step - trainer.global_step)
+        path = save_torch_checkpoint(runs / f"step_{step}.pt", drafter, global_step=step, epoch=0)
+        print(f"step {step}: loss {loss:.3f} -> {path}", flush=True)
+
+
+def run_jobs(url: str, runs: Path, workdir: Path) -> None:
+    """Submit every checkpoint under `runs`, and let one real `eval-worker serve` process do them."""
+    with CacheClient(url) as client:
+        jobs = JobsClient(client)
+        submitted = [jobs.submit(p.name, tree_budgets=[4, 8]) for p in sorted(runs.glob("*.pt"))]
+        for job in submitted:
+            print(f"submitted job {job.job_id} for {job.checkpoint_relative}")
+        _say("eval-worker serve (one worker process claims the jobs)")
+        cmd = [sys.executable, "-m", "eval_worker.cli", "serve", "--server", url, "--poll-interval", "0.5"]
+        env = {**os.environ, "EVAL_WORKER_HEADS_CACHE": str(workdir / "heads"), "EVAL_WORKER_DEVICE": "cpu"}
+        worker = subprocess.Popen(cmd, env=env)
+        try:
+            finals = [jobs.wait(j.job_id, timeout_s=600, poll_s=0.5) for j in submitted]
+        finally:
+            worker.send_signal(signal.SIGTERM)  # finishes the job in hand, then exits
+            worker.wait(timeout=60)
+        failed = [f for f in finals if f.status != JobStatus.done]
+        if failed:
+            raise RuntimeError(f"jobs failed: {[(f.checkpoint_relative, f.error) for f in failed]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
     p.add_argument("--workdir", type=Path, default=Path("demo-out"))
@@ -63,12 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     torch.manual_seed(0)
     shutil.rmtree(args.workdir, ignore_errors=True)
-    args.workdir.mkdir(parents=True)
+    runs = args.workdir / "runs"
+    runs.mkdir(parents=True)
 
     _say(f"building a tiny Qwen3 target ({args.layers} layers) in {args.workdir / 'target'}")
     target = build_tiny_model(args.workdir / "target", layers=args.layers, hidden=64, vocab=512)
 
-    with running_server(target, args.workdir / "store") as url, CacheClient(url) as client:
+    server_args = ("--checkpoint-root", str(runs))
+    with running_server(target, args.workdir / "store", *server_args) as url, CacheClient(url) as client:
         info = client.model()
         _say(f"cache server up at {url}: {info.num_layers} layers, hidden {info.hidden_size}, {info.fingerprint}")
         registered = client.register([{"text": t, "name": t} for t in TEXTS], max_new_tokens=args.new_tokens)
@@ -76,44 +118,17 @@ def main(argv: list[str] | None = None) -> int:
         client.wait_ready(ids, timeout_s=300)
         print(f"{len(ids)} prompts registered; the target generated {args.new_tokens}-token greedy responses")
 
-        layers = default_layer_ids(info.num_layers, 3)
-        _say(f"training a tiny DFlash drafter on cached layers {layers} (the DFlash formula for 3 taps)")
-        heads = client.heads()
-        train = fetch_sequences(client, ids[:6], layers)  # the last two prompts stay unseen
-        cfg = tiny_drafter_config(AutoConfig.from_pretrained(target), layers, block_size=4)
-        drafter = DFlashDrafter(cfg, len(layers))
-        trainer = TinyTrainer(drafter, train, heads.embed_tokens.float(), heads.lm_head.float(), lr=1e-3)
-        runs = args.workdir / "runs"
-        checkpoints = []
-        for step in args.steps:
-            loss = trainer.run(step - trainer.global_step)
-            path = save_torch_checkpoint(runs / f"step_{step}.pt", drafter, global_step=step, epoch=0)
-            checkpoints.append(path)
-            print(f"step {step}: loss {loss:.3f} -> {path}")
-        checkpoints.append(save_hf_checkpoint(runs / f"hf_step_{args.steps[-1]}", drafter))
-        print(f"also saved the last step in the published HF layout: {checkpoints[-1]}")
+        train_checkpoints(client, target, ids, args.steps, runs)
+        run_jobs(url, runs, args.workdir)
 
-        reports = []
-        for ckpt in checkpoints:
-            out = ckpt.with_suffix(".json") if ckpt.is_file() else ckpt.with_name(ckpt.name + ".json")
-            _say(f"eval-worker evaluate {ckpt.name}")
-            cmd = [sys.executable, "-m", "eval_worker.cli", "evaluate", str(ckpt), "--server", url]
-            cmd += ["--all-prompts", "--tree-budget", "4", "--tree-budget", "8", "--out", str(out)]
-            subprocess.run(cmd, check=True, env=_env(args.workdir))
-            reports.append(EvalReport.model_validate_json(out.read_text()))
-
-    _say("summary")
-    for r in reports:
-        trees = "  ".join(f"DDTree-{b} {s.mean_tau:.2f}" for b, s in sorted(r.summary.trees.items()) if s.mean_tau)
-        print(
-            f"{Path(r.checkpoint_path).name:<16} step {r.step!s:>4}  chain tau {r.summary.chain.mean_tau:.2f}  {trees}"
-        )
+        _say("leaderboard (eval-worker compare --server ...)")
+        jobs = JobsClient(client)
+        reports = [jobs.report(j.job_id) for j in jobs.jobs(JobStatus.done)]
+        print(compare_table(reports))
+        plot(reports, args.workdir / "tau.png")
+        print(f"plot: {args.workdir / 'tau.png'}")
     print(f"\ndone in {time.perf_counter() - started:.0f} s; everything is under {args.workdir}/")
     return 0
-
-
-def _env(workdir: Path) -> dict[str, str]:
-    return {**os.environ, "EVAL_WORKER_HEADS_CACHE": str(workdir / "heads")}
 
 
 if __name__ == "__main__":
