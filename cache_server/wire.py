@@ -68,9 +68,9 @@ def frame(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> FramedBod
     return FramedBody(buffer=buffer, regions=regions)
 
 
-def parse(body: bytes | bytearray | memoryview) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def parse(body: bytes | bytearray | memoryview | np.ndarray) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensors as views of `body` (which must stay alive and writable for torch) plus metadata."""
-    view = memoryview(body).cast("B")
+    view = memoryview(body.data if isinstance(body, np.ndarray) else body).cast("B")
     if len(view) < 8:
         raise WireFormatError("body shorter than a safetensors header")
     (hlen,) = struct.unpack("<Q", view[:8])

@@ -1,0 +1,374 @@
+"""`GET /hidden` throughput side by side with its physical limits: a raw loopback socket and plain files.
+
+Run from the repository root: `.venv/bin/python -m bench.serve_hidden [--hidden 5120] [--tokens 2048]
+[--dtype bfloat16] [--repeats 9]`.
+One prompt's layers (5 by default) are seeded into a temporary store under a bench fixture target (no
+model runs) and served by a real uvicorn process on uvloop, as `cache-server serve` runs. The two
+halves are also timed apart: the store read (`hidden_body` in-process) and the HTTP transfer (the same
+body served from RAM by a bench-only route). Every row moves the same bytes; each is the median of
+`--repeats` interleaved rounds after two warm-up rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+import numpy as np
+import torch
+import uvicorn
+from fastapi import Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from cache_server.app import create_app
+from cache_server.client import CacheClient
+from cache_server.hidden_body import hidden_body
+from cache_server.metrics import Metrics
+from cache_server.registry import Registration, Registry, prompt_id_for
+from cache_server.service import HiddenStateService
+from cache_server.settings import ServeSettings
+from cache_server.store import HiddenStore
+from cache_server.target import DTYPES, TargetInfo
+from cache_server.wire import parse
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE_LAYERS = 64
+RAM_ROUTE = "/bench/hidden-from-ram"
+# Row names of the printed table.
+LIMIT = "limit:"
+STORE = "store read: hidden_body in-process (zarr decode)"
+RAM, E2E = "HTTP from RAM", "GET /hidden"
+HTTP, TOTAL = f"{RAM}: CacheClient._get_body", f"{E2E}: CacheClient.hidden"
+
+
+# -- the fixture: a target that only has `.info`, and one stored prompt -------------------------
+
+
+@dataclass(frozen=True)
+class FixtureTarget:
+    """Stands in for `Target`: serving a stored prompt only reads `.info`; nothing is ever computed."""
+
+    info: TargetInfo
+
+
+def fixture_info(hidden: int, dtype: str) -> TargetInfo:
+    return TargetInfo(
+        name="bench-fixture",
+        fingerprint=f"bench-fixture-h{hidden}-{dtype}",
+        num_layers=FIXTURE_LAYERS,
+        hidden_size=hidden,
+        vocab_size=32000,
+        max_positions=1 << 20,
+        dtype=DTYPES[dtype],
+    )
+
+
+def open_store(root: Path, info: TargetInfo, read_threads: int) -> HiddenStore:
+    return HiddenStore(
+        root,
+        fingerprint=info.fingerprint,
+        model_name=info.name,
+        hidden_size=info.hidden_size,
+        dtype=info.dtype,
+        read_threads=read_threads,
+    )
+
+
+def activation_like(tokens: int, hidden: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """[T, H] residual-stream stand-in: normal values, per-channel scales, 8 massive-activation
+    channels (as real decoder layers have), so the codec compresses as it would on real states."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.exp(torch.randn(hidden, generator=gen) * 0.5)  # [H]
+    scale[torch.randperm(hidden, generator=gen)[:8]] *= 100.0
+    return (torch.randn(tokens, hidden, generator=gen) * scale).to(dtype)  # [T, H]
+
+
+def seed(root: Path, bins: Path, info: TargetInfo, layers: list[int], tokens: int) -> str:
+    """Publish one prompt's layers and register it (so the service serves it without computing);
+    also write each layer's raw bytes as `<k>.bin` for the plain-file baseline."""
+    gen = torch.Generator().manual_seed(0)
+    ids = tuple(int(t) for t in torch.randint(0, info.vocab_size, (tokens,), generator=gen))
+    pid = prompt_id_for(ids, None, None)
+    data = {k: activation_like(tokens, info.hidden_size, info.dtype, seed=k) for k in layers}
+    with open_store(root, info, read_threads=1) as store:
+        store.write(pid, np.asarray(ids, dtype=np.int64), tokens, data)
+        Registry(store.namespace / "requests").add(
+            Registration(prompt_id=pid, prompt_ids=ids, response_ids=None, max_new_tokens=None, name="bench")
+        )
+    bins.mkdir()
+    for k, t in data.items():
+        (bins / f"{k}.bin").write_bytes(t.view(torch.uint8).numpy().tobytes())
+    return pid
+
+
+# -- the server subprocess ----------------------------------------------------------------------
+
+
+def serve(store: Path, port: int, hidden: int, dtype: str, read_threads: int) -> None:
+    """`--serve`: the real app around the fixture target, plus a route serving a cached body."""
+    info = fixture_info(hidden, dtype)
+
+    def build(settings: ServeSettings) -> HiddenStateService:
+        store = open_store(settings.store, info, settings.read_threads)
+        target: Any = FixtureTarget(info)  # duck-typed stand-in for Target
+        return HiddenStateService(target, store, capture_layers=[], metrics=Metrics())
+
+    # `model` is never loaded: `build` supplies the target.
+    settings = ServeSettings(model=Path("unused"), store=store, device="cpu", read_threads=read_threads)
+    app = create_app(settings, build=build)
+    cached: dict[tuple[str, str], memoryview] = {}
+
+    @app.get(RAM_ROUTE)
+    async def hidden_from_ram(request: Request, prompt_id: str, layers: str) -> Response:
+        """The /hidden body built once and then sent from RAM: the HTTP transfer alone."""
+        if (prompt_id, layers) not in cached:
+            service: HiddenStateService = request.app.state.service
+            ids = [int(k) for k in layers.split(",")]
+            m = await service.ensure(prompt_id, ids)
+            body = await run_in_threadpool(hidden_body, service.store, m, ids, 0, m.num_tokens)
+            cached[prompt_id, layers] = body.as_memoryview()
+        return Response(content=cached[prompt_id, layers], media_type="application/octet-stream")
+
+    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", log_level="warning")
+
+
+class ServerProcess:
+    """`python -m bench.serve_hidden --serve ...` on a free loopback port, stopped on exit."""
+
+    def __init__(self, args: argparse.Namespace, store: Path, log: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        cmd = [sys.executable, "-m", "bench.serve_hidden", "--serve", "--store", str(store)]
+        cmd += ["--port", str(self.port), "--hidden", str(args.hidden), "--dtype", args.dtype]
+        cmd += ["--read-threads", str(args.read_threads)]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = log
+        with open(log, "wb") as out:
+            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def __enter__(self) -> ServerProcess:
+        deadline = time.monotonic() + 60
+        while True:
+            if self._proc.poll() is not None:
+                tail = self._log.read_text()[-3000:]
+                raise RuntimeError(f"the bench server exited with {self._proc.returncode}:\n{tail}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.__exit__()
+                raise TimeoutError("the bench server did not become healthy in 60 s")
+            time.sleep(0.1)
+
+    def __exit__(self, *exc: object) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+# -- the measured paths: each is a callable doing one transfer -----------------------------------
+
+
+def interleaved_medians(paths: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per path, timing one run of every path per round, so that load from anything
+    else on the machine spreads over all paths alike instead of skewing whichever ran then."""
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    for round_ in range(warmup + repeats):
+        for name, fn in paths.items():
+            t0 = time.perf_counter()
+            fn()
+            if round_ >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+@contextmanager
+def raw_socket(nbytes: int, fresh: bool) -> Iterator[Callable[[], None]]:
+    """A sender thread sends a preallocated buffer per 1-byte request; we `recv_into` one buffer
+    (`fresh`: a new one per transfer, as a client returning the body must allocate)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    payload = np.ones(nbytes, dtype=np.uint8)
+    reused = bytearray(nbytes)
+
+    def sender() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            while conn.recv(1) == b"x":
+                conn.sendall(payload)
+
+    thread = threading.Thread(target=sender, daemon=True)
+    thread.start()
+    client = socket.create_connection(listener.getsockname())
+
+    def one() -> None:
+        sink = memoryview(bytearray(nbytes) if fresh else reused)
+        client.sendall(b"x")
+        got = 0
+        while got < nbytes:
+            n = client.recv_into(sink[got:])
+            if n == 0:
+                raise ConnectionError("sender closed early")
+            got += n
+
+    try:
+        yield one
+    finally:
+        client.close()
+        thread.join(timeout=10)
+        listener.close()
+
+
+@contextmanager
+def plain_files(bins: Path, layers: list[int], threads: int) -> Iterator[Callable[[], None]]:
+    """Each layer's `.bin` file `readinto` its region of one preallocated buffer, `threads` at once."""
+    paths = [bins / f"{k}.bin" for k in layers]
+    sizes = [p.stat().st_size for p in paths]
+    offsets = np.cumsum([0, *sizes]).tolist()
+    buf = memoryview(bytearray(offsets[-1]))
+
+    def read(i: int) -> None:
+        with open(paths[i], "rb", buffering=0) as f:
+            view, got = buf[offsets[i] : offsets[i + 1]], 0
+            while got < sizes[i]:
+                got += f.readinto(view[got:])
+
+    with ThreadPoolExecutor(threads) as pool:
+        yield lambda: list(pool.map(read, range(len(paths))))
+
+
+@contextmanager
+def http_client_readinto(url: str, path: str, nbytes: int, fresh: bool) -> Iterator[Callable[[], None]]:
+    """stdlib `http.client` reading the body with `readinto` into one buffer reused across requests
+    (`fresh`: a new one per request, as `CacheClient` must). One connection per request (~0.2 ms):
+    uvicorn drops keep-alive connections idle for 5 s, longer than a round can take."""
+    host, port = url.removeprefix("http://").split(":")
+    reused = bytearray(nbytes)
+
+    def one() -> None:
+        view = memoryview(bytearray(nbytes) if fresh else reused)
+        conn = http.client.HTTPConnection(host, int(port))
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            size = int(resp.getheader("Content-Length") or -1)
+            if resp.status != 200 or size != nbytes:
+                raise RuntimeError(f"{path}: HTTP {resp.status}, {size} bytes")
+            got = 0
+            while got < size:
+                got += resp.readinto(view[got:size])
+        finally:
+            conn.close()
+
+    yield one
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> None:
+    layers = [int(k) for k in args.layers.split(",")]
+    info = fixture_info(args.hidden, args.dtype)
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="serve-hidden-bench-") as tmp, ExitStack() as stack:
+        root, bins = Path(tmp) / "store", Path(tmp) / "bins"
+        pid = seed(root, bins, info, layers, args.tokens)
+        # The in-process read uses a copy: one HiddenStore per namespace at a time, and the server has root.
+        shutil.copytree(root, Path(tmp) / "store-copy")
+        store = stack.enter_context(open_store(Path(tmp) / "store-copy", info, args.read_threads))
+        m = store.manifest(pid)
+        if m is None:
+            raise RuntimeError(f"the seeded prompt {pid} is not published")
+        nbytes = hidden_body(store, m, layers, 0, m.num_tokens).buffer.nbytes
+
+        server = stack.enter_context(ServerProcess(args, root, Path(tmp) / "server.log"))
+        client = stack.enter_context(CacheClient(server.url))
+        plain = stack.enter_context(httpx.Client(base_url=server.url, timeout=120))
+        query = {"prompt_id": pid, "layers": ",".join(map(str, layers))}
+        hidden_path, ram_path = f"/hidden?{urlencode(query)}", f"{RAM_ROUTE}?{urlencode(query)}"
+        threads = args.read_threads
+        paths: dict[str, Callable[[], object]] = {
+            f"{LIMIT} raw loopback socket, one buffer": stack.enter_context(raw_socket(nbytes, fresh=False)),
+            f"{LIMIT} raw loopback socket, fresh buffer each": stack.enter_context(raw_socket(nbytes, fresh=True)),
+            f"{LIMIT} plain .bin files readinto, {threads} threads": stack.enter_context(
+                plain_files(bins, layers, threads)
+            ),
+            STORE: lambda: hidden_body(store, m, layers, 0, m.num_tokens),
+            HTTP: lambda: parse(client._get_body(RAM_ROUTE, query)),
+            f"{RAM}: http.client readinto, fresh buffer each": stack.enter_context(
+                http_client_readinto(server.url, ram_path, nbytes, fresh=True)
+            ),
+            f"{RAM}: http.client readinto, one buffer": stack.enter_context(
+                http_client_readinto(server.url, ram_path, nbytes, fresh=False)
+            ),
+            f"{RAM}: httpx .content": lambda: plain.get(ram_path).content,
+            TOTAL: lambda: client.hidden(pid, layers),
+            f"{E2E}: http.client readinto, one buffer": stack.enter_context(
+                http_client_readinto(server.url, hidden_path, nbytes, fresh=False)
+            ),
+            f"{E2E}: httpx .content": lambda: plain.get(hidden_path).content,
+        }
+        rows = interleaved_medians(paths, args.repeats)
+    report(args, nbytes, layers, load, rows)
+
+
+def report(args: argparse.Namespace, nbytes: int, layers: list[int], load: float, rows: dict[str, float]) -> None:
+    raw_s = next(s for name, s in rows.items() if "socket, one buffer" in name)
+    files_s = next(s for name, s in rows.items() if "plain .bin" in name)
+    print(
+        f"GET /hidden body: layers {layers} of [{args.tokens}, {args.hidden}] {args.dtype} = "
+        f"{nbytes / 1e6:.1f} MB; median of {args.repeats} interleaved rounds after 2 warm-ups; "
+        f"{os.cpu_count()} CPUs, load average {load:.1f} at start"
+    )
+    print(f"{'path':<60}{'ms':>8}{'GB/s':>8}{'x socket':>10}{'x files':>9}")
+    for name, s in rows.items():
+        gbps = nbytes / s / 1e9
+        print(f"{name:<60}{s * 1e3:>8.1f}{gbps:>8.2f}{raw_s / s:>10.2f}{files_s / s:>9.2f}")
+    print(
+        f"{TOTAL} {rows[TOTAL] * 1e3:.0f} ms vs store read {rows[STORE] * 1e3:.0f} ms "
+        f"+ HTTP transfer {rows[HTTP] * 1e3:.0f} ms = {(rows[STORE] + rows[HTTP]) * 1e3:.0f} ms"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=5120)
+    p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    p.add_argument("--layers", default="1,16,31,46,61", help=f"layer ids in 0..{FIXTURE_LAYERS - 1}, request order")
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--read-threads", dest="read_threads", type=int, default=4, help="store and file read threads")
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--store", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve:
+        serve(args.store, args.port, args.hidden, args.dtype, args.read_threads)
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()
