@@ -39,13 +39,14 @@ from starlette.concurrency import run_in_threadpool
 
 from cache_server.app import create_app
 from cache_server.client import CacheClient
+from cache_server.dtypes import TORCH_DTYPES as DTYPES
 from cache_server.hidden_body import hidden_body
 from cache_server.metrics import Metrics
 from cache_server.registry import Registration, Registry, prompt_id_for
 from cache_server.service import HiddenStateService
 from cache_server.settings import ServeSettings
 from cache_server.store import HiddenStore
-from cache_server.target import DTYPES, TargetInfo
+from cache_server.target import TargetInfo
 from cache_server.wire import parse
 
 REPO = Path(__file__).resolve().parents[1]

@@ -87,10 +87,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "job_max_attempts",
             )
         )
+        _check_startable(settings)
     except (ValidationError, ValueError) as e:
         print(f"cache-server: {e}", file=sys.stderr)
         return 2
     return _serve(settings)
+
+
+def _check_startable(settings: Any) -> None:
+    """Fail before the server starts, with one line, on what would otherwise be a startup traceback."""
+    from cache_server.devices import resolve_device
+
+    if not (settings.model / "config.json").is_file():
+        raise ValueError(f"--model {settings.model} is not a Hugging Face model directory (no config.json)")
+    resolve_device(settings.device)
 
 
 def _serve(settings: Any) -> int:

@@ -33,7 +33,6 @@ from schemas.hidden import (
 from schemas.model import ModelInfo
 from schemas.prompts import (
     GenerateSpec,
-    PromptPage,
     PromptSpec,
     PromptState,
     PromptStatus,
@@ -148,17 +147,22 @@ class CacheClient:
     def prompt(self, prompt_id: str) -> PromptState:
         return PromptState.model_validate(self._request("GET", f"/prompts/{prompt_id}").json())
 
-    def prompts(self, status: PromptStatus | None = None, page_size: int = 1000) -> list[PromptState]:
-        """Every registered prompt, paging through `GET /prompts`."""
-        out: list[PromptState] = []
+    def paged(self, path: str, key: str, status: str | None = None, page_size: int = 1000) -> list[dict[str, Any]]:
+        """Every item of a paged listing (`{key: [...], total, offset, limit}`), optionally filtered by status."""
+        out: list[dict[str, Any]] = []
         while True:
             params: dict[str, Any] = {"offset": len(out), "limit": page_size}
             if status is not None:
-                params["status"] = status.value
-            page = PromptPage.model_validate(self._request("GET", "/prompts", params=params).json())
-            out.extend(page.prompts)
-            if not page.prompts or len(out) >= page.total:
+                params["status"] = status
+            page = self._request("GET", path, params=params).json()
+            out.extend(page[key])
+            if not page[key] or len(out) >= page["total"]:
                 return out
+
+    def prompts(self, status: PromptStatus | None = None) -> list[PromptState]:
+        """Every registered prompt, paging through `GET /prompts`."""
+        items = self.paged("/prompts", "prompts", status.value if status else None)
+        return [PromptState.model_validate(p) for p in items]
 
     def wait_ready(
         self, prompt_ids: Sequence[str], *, timeout_s: float = 600.0, poll_s: float = 0.2

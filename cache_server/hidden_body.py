@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from cache_server.dtypes import TORCH_DTYPES
 from cache_server.errors import InvalidLayers
 from cache_server.store import HiddenStore, PromptManifest
-from cache_server.target import DTYPES
 from cache_server.wire import FramedBody, TensorSpec, frame
 from schemas.hidden import HIDDEN_TENSOR, TOKEN_IDS_TENSOR, HiddenMetadata
 
@@ -41,7 +41,7 @@ def hidden_body(
     )
     body = frame(
         [
-            TensorSpec(HIDDEN_TENSOR, DTYPES[manifest.dtype], (rows, width)),
+            TensorSpec(HIDDEN_TENSOR, TORCH_DTYPES[manifest.dtype], (rows, width)),
             TensorSpec(TOKEN_IDS_TENSOR, torch.int64, (rows,)),
         ],
         meta.to_strings(),

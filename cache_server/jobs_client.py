@@ -23,7 +23,6 @@ from schemas.jobs import (
     ClaimRequest,
     CompleteRequest,
     FailRequest,
-    JobPage,
     JobState,
     JobStatus,
     JobSubmit,
@@ -97,17 +96,10 @@ class JobsClient:
     def job(self, job_id: str) -> JobState:
         return self._state("GET", f"/jobs/{job_id}")
 
-    def jobs(self, status: JobStatus | None = None, page_size: int = 1000) -> list[JobState]:
+    def jobs(self, status: JobStatus | None = None) -> list[JobState]:
         """Every job (in submission order), paging through `GET /jobs`."""
-        out: list[JobState] = []
-        while True:
-            params: dict[str, Any] = {"offset": len(out), "limit": page_size}
-            if status is not None:
-                params["status"] = status.value
-            page = JobPage.model_validate(self._call("GET", "/jobs", params=params).json())
-            out.extend(page.jobs)
-            if not page.jobs or len(out) >= page.total:
-                return out
+        items = self.client.paged("/jobs", "jobs", status.value if status else None)
+        return [JobState.model_validate(j) for j in items]
 
     def report(self, job_id: str) -> EvalReport:
         """The report of a done job; ReportNotReadyError before, JobFailedError if it failed."""

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from cache_server.auth import WriteAccess
+from cache_server.dtypes import dtype_name
 from cache_server.errors import InvalidLayers
 from cache_server.heads_body import heads_body
 from cache_server.hidden_body import hidden_body, token_range
 from cache_server.service import HiddenStateService
-from cache_server.target import dtype_name
 from schemas.model import ModelInfo
 from schemas.prompts import PromptPage, PromptState, PromptStatus, RegisterRequest, RegisterResponse
 

@@ -16,32 +16,13 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from cache_server.devices import resolve_device, resolve_dtype
+from cache_server.dtypes import dtype_name
 from cache_server.errors import InvalidPrompt
 from cache_server.fingerprint import target_fingerprint
 from schemas.prompts import PromptSpec
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but no CUDA device is available")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
-    """bf16 on GPU and fp32 on CPU unless asked otherwise."""
-    if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[dtype]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """`eval-worker evaluate | inspect | serve | submit | watch | compare`.
 
-Exit codes: 0 ok; 2 the checkpoint is unusable or does not fit the target; 3 the cache server is
-unreachable; 4 the server refused the request or served data that does not fit; 5 a job failed.
+Exit codes: 0 ok; 1 bad usage (options, device, nothing to do); 2 the checkpoint is unusable or
+does not fit the target; 3 the cache server is unreachable; 4 the server refused the request or
+served data that does not fit; 5 a job failed (`submit --wait`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_SERVER, EXIT_JOB_FAILED = 2, 3, 4, 5
+EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_SERVER = 1, 2, 3, 4
 
 
 def _int_list(text: str) -> list[int]:
@@ -40,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eval-worker",
         description="Evaluate DFlash drafter checkpoints (chain and DDTree tau) on cached target hidden states.",
-        epilog="Options can also be set as EVAL_WORKER_<OPTION>. Exit codes: 2 checkpoint refused, "
+        epilog="Options can also be set as EVAL_WORKER_<OPTION>. Exit codes: 1 bad usage, 2 checkpoint refused, "
         "3 server unreachable, 4 server error or mismatched data, 5 job failed.",
     )
     sub = p.add_subparsers(dest="command", required=True)
@@ -109,9 +110,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServerUnreachable as e:
         print(f"eval-worker: {e}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    except (ApiError, ProtocolError, FeatureMismatch, TimeoutError, ValueError, ValidationError) as e:
+    except (ApiError, ProtocolError, FeatureMismatch, TimeoutError) as e:
         print(f"eval-worker: {e}", file=sys.stderr)
         return EXIT_SERVER
+    except (ValueError, ValidationError) as e:
+        print(f"eval-worker: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

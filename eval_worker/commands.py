@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from cache_server.client import CacheClient
+from cache_server.devices import resolve_device
 from cache_server.jobs_client import JobsClient
 from eval_worker.settings import WorkerSettings
 from schemas.jobs import JobState, JobStatus
 from schemas.report import EvalReport
 
 log = logging.getLogger(__name__)
-EXIT_JOB_FAILED = 5
+EXIT_JOB_FAILED = 5  # the other exit codes are cli.py's
 
 
 def _settings(args: argparse.Namespace, *names: str) -> WorkerSettings:
@@ -63,6 +64,7 @@ def serve(args: argparse.Namespace) -> int:
     from eval_worker.job_worker import JobWorker
 
     settings = _settings(args, "server", "device", "poll_interval", "lease_s", "name")
+    resolve_device(settings.device)  # a worker that cannot run its jobs must not claim them
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # finish the job in hand, then exit
         signal.signal(sig, lambda *_: stop.set())

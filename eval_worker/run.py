@@ -7,9 +7,9 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from cache_server.client import CacheClient
+from cache_server.devices import resolve_device
+from cache_server.dtypes import TORCH_DTYPES
 from eval_worker.checkpoint import load_checkpoint
 from eval_worker.evaluate import EvalOptions, evaluate
 from eval_worker.heads_cache import HeadsCache
@@ -18,16 +18,6 @@ from schemas.prompts import PromptStatus
 from schemas.report import EvalReport
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but no CUDA device is available")
-    return device
 
 
 def select_prompts(client: CacheClient, prompt_ids: Sequence[str] | None, timeout_s: float) -> list[str]:
@@ -63,8 +53,8 @@ def run_evaluation(
     ids = select_prompts(client, prompt_ids, settings.timeout_s)
     options = EvalOptions(
         tree_budgets=tuple(tree_budgets),
-        device=resolve_device(settings.device),
-        dtype=DTYPES[settings.dtype],
+        device=str(resolve_device(settings.device)),
+        dtype=TORCH_DTYPES[settings.dtype],
         progress=progress,
     )
     return evaluate(client, ckpt, ids, heads_cache=HeadsCache(settings.heads_cache), options=options)

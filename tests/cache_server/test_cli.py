@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cache_server.cli import main
@@ -25,3 +26,13 @@ def test_bad_options_exit_2_with_a_message(tmp_path: Path, capsys: pytest.Captur
     assert main(["tiny-model", str(tmp_path / "m"), "--vocab", "10"]) == 2
     assert "--vocab must be at least" in capsys.readouterr().err
     assert main(["serve", "--model", str(tmp_path), "--store", str(tmp_path), "--capture-layers", "1,x"]) == 2
+
+
+def test_serve_refuses_a_missing_model_or_gpu_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_target: Path
+) -> None:
+    assert main(["serve", "--model", str(tmp_path / "nope"), "--store", str(tmp_path)]) == 2
+    assert "not a Hugging Face model directory" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["serve", "--model", str(tiny_target), "--store", str(tmp_path), "--device", "cuda"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from cache_server.child import free_port, running_server
 from cache_server.client import CacheClient
@@ -127,3 +128,14 @@ def test_inspect(
     assert "in_features 192, out_features 64 (3 taps x 64)" in text
     assert main(["inspect", str(ckpt), "--server", url]) == 0
     assert "loads strictly" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
+def test_device_cuda_without_a_gpu_is_a_clear_usage_error(
+    server: tuple[str, list[str]], trained_drafter: DFlashDrafter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, ids = server
+    ckpt = save_hf_checkpoint(tmp_path / "hf", trained_drafter)
+    assert main(["evaluate", str(ckpt), "--server", url, "--prompts", ids[0], "--device", "cuda"]) == 1
+    assert main(["serve", "--server", url, "--device", "cuda"]) == 1
+    assert capsys.readouterr().err.count("no CUDA device") == 2
