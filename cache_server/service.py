@@ -110,15 +110,20 @@ class HiddenStateService:
         with self._lock:
             return PromptStatus.failed if prompt_id in self._failed else PromptStatus.pending
 
-    def state(self, prompt_id: str) -> PromptState:
+    def state(self, prompt_id: str, *, with_tokens: bool = True) -> PromptState:
+        """A prompt's status; listings leave out token_ids (a store read per prompt)."""
         reg = self._registered(prompt_id)
         manifest = self.store.manifest(prompt_id)
+        tokens: list[int] | None = None
         if manifest is not None:
-            tokens = self.store.token_ids(prompt_id).tolist()
-            layers = list(manifest.layers)
+            num_tokens: int | None = manifest.num_tokens
+            if with_tokens:
+                tokens = self.store.token_ids(prompt_id).tolist()
+        elif reg.response_ids is not None:
+            num_tokens = reg.prompt_len + len(reg.response_ids)
+            tokens = list(reg.prompt_ids) + list(reg.response_ids) if with_tokens else None
         else:
-            tokens = list(reg.prompt_ids) + list(reg.response_ids) if reg.response_ids else None
-            layers = []
+            num_tokens = None  # the response is not generated yet
         with self._lock:
             error = self._failed.get(prompt_id)
         return PromptState(
@@ -126,9 +131,9 @@ class HiddenStateService:
             name=reg.name,
             status=self._status(prompt_id),
             prompt_len=reg.prompt_len,
-            num_tokens=len(tokens) if tokens is not None else None,
+            num_tokens=num_tokens,
             token_ids=tokens,
-            layers_stored=layers,
+            layers_stored=list(manifest.layers) if manifest else [],
             error=error,
         )
 
@@ -136,7 +141,7 @@ class HiddenStateService:
         regs = self.registry.all()
         if status is not None:
             regs = [r for r in regs if self._status(r.prompt_id) == status]
-        states = [self.state(r.prompt_id) for r in regs[offset : offset + limit]]
+        states = [self.state(r.prompt_id, with_tokens=False) for r in regs[offset : offset + limit]]
         return PromptPage(prompts=states, total=len(regs), offset=offset, limit=limit)
 
     def _registered(self, prompt_id: str) -> Registration:
@@ -221,12 +226,7 @@ class HiddenStateService:
         return reg.prompt_len + (len(reg.response_ids) if reg.response_ids else reg.max_new_tokens or 0)
 
     def _run_batch(self, batch: list[_Job]) -> None:
-        ready: list[tuple[_Job, list[int]]] = []
-        for job in batch:
-            try:
-                ready.append((job, self._sequence(job.reg)))
-            except Exception as e:  # one bad prompt must not sink the batch
-                self._fail(job, e)
+        ready = self._sequences(batch)
         if not ready:
             return
         layers = sorted(set().union(*(job.layers for job, _ in ready)))
@@ -241,15 +241,33 @@ class HiddenStateService:
         for (job, seq), out in zip(ready, outputs, strict=True):
             self._writers.submit(self._publish, job, seq, {k: out[k] for k in job.layers})
 
-    def _sequence(self, reg: Registration) -> list[int]:
-        """Prompt + response tokens: stored, given, or the target's greedy response."""
-        if self.store.manifest(reg.prompt_id) is not None:
-            return [int(t) for t in self.store.token_ids(reg.prompt_id)]
-        if reg.response_ids is not None:
-            return list(reg.prompt_ids) + list(reg.response_ids)
-        if reg.max_new_tokens is not None:
-            return list(reg.prompt_ids) + self.target.generate(reg.prompt_ids, reg.max_new_tokens)
-        return list(reg.prompt_ids)
+    def _sequences(self, batch: list[_Job]) -> list[tuple[_Job, list[int]]]:
+        """Prompt + response tokens of each job: stored, given, or the target's greedy response
+        (generated in batches of one max_new_tokens). A job that fails here fails alone."""
+        known: dict[int, list[int]] = {}
+        to_generate: dict[int, list[int]] = {}  # max_new_tokens -> indices into batch
+        for i, job in enumerate(batch):
+            reg = job.reg
+            try:
+                if self.store.manifest(reg.prompt_id) is not None:
+                    known[i] = [int(t) for t in self.store.token_ids(reg.prompt_id)]
+                elif reg.response_ids is not None or reg.max_new_tokens is None:
+                    known[i] = list(reg.prompt_ids) + list(reg.response_ids or ())
+                else:
+                    to_generate.setdefault(reg.max_new_tokens, []).append(i)
+            except Exception as e:
+                self._fail(job, e)
+        for max_new, indices in to_generate.items():
+            prompts = [batch[i].reg.prompt_ids for i in indices]
+            try:
+                responses = self.target.generate(prompts, max_new)
+            except Exception as e:
+                for i in indices:
+                    self._fail(batch[i], e)
+                continue
+            for i, prompt, response in zip(indices, prompts, responses, strict=True):
+                known[i] = list(prompt) + response
+        return [(batch[i], known[i]) for i in sorted(known)]
 
     def _publish(self, job: _Job, seq: list[int], layers: dict[int, torch.Tensor]) -> None:
         try:

@@ -101,17 +101,23 @@ class Target:
     # -- compute --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-        """The target's greedy response (stops at EOS if the model has one)."""
-        input_ids = torch.tensor([list(prompt_ids)], device=self.device)
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+        """The target's greedy response to each prompt, generated as one left-padded batch; a
+        response ends after the model's EOS token if it has one."""
+        longest = max(len(p) for p in prompts)
+        pad = self.tokenizer.pad_token_id or 0
+        input_ids = torch.tensor([[pad] * (longest - len(p)) + list(p) for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         out = self.model.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=self.tokenizer.pad_token_id,
+            input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad
         )
-        return [int(t) for t in out[0, input_ids.shape[1] :].tolist()]
+        eos = self.model.generation_config.eos_token_id
+        stops = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        responses = []
+        for row in out[:, longest:].tolist():
+            end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
+            responses.append([int(t) for t in row[:end]])
+        return responses
 
     @torch.inference_mode()
     def capture(self, sequences: Sequence[Sequence[int]], layers: Sequence[int]) -> list[dict[int, torch.Tensor]]:

@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from cache_server.target import Target
+from schemas.prompts import PromptSpec
 from tests.cache_server.helpers import app_client, get_hidden, register_ready
 from tests.cache_server.reference import direct_layer_outputs
 
@@ -73,3 +75,13 @@ def test_token_range_and_bfloat16_bytes(tiny_target: Path, tmp_path: Path) -> No
     assert tensors["hidden"].dtype == torch.bfloat16 and meta["dtype"] == "bfloat16"
     torch.testing.assert_close(tensors["hidden"], torch.cat([expected[4], expected[2]], dim=1)[3:9])
     assert tensors["token_ids"].tolist() == tokens[3:9]
+
+
+def test_batched_generation_matches_one_prompt_at_a_time(tiny_target: Path) -> None:
+    target = Target(tiny_target, device="cpu")
+    prompts = [target.encode(PromptSpec(text=t)) for t in ("def fib(n):", "The quick brown fox jumps", "x")]
+    batched = target.generate(prompts, 20)  # one left-padded batch
+    model = AutoModelForCausalLM.from_pretrained(tiny_target).eval()
+    for prompt, response in zip(prompts, batched, strict=True):
+        alone = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)[0].tolist()
+        assert prompt + response == alone

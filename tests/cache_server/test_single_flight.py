@@ -58,3 +58,17 @@ def test_the_same_tokens_are_the_same_prompt(tiny_target: Path, tmp_path: Path) 
         same = client.post("/prompts", json={"prompts": [{"token_ids": tokens}]}).json()["prompts"][0]
         assert same["prompt_id"] == text_id["prompt_id"]
         assert metric(client, COMPUTED) == 1
+
+
+def test_prompts_are_listed_in_pages(tiny_target: Path, tmp_path: Path) -> None:
+    with app_client(tiny_target, tmp_path / "store") as client:
+        ids = register_ready(client, [{"token_ids": TOKENS[:n], "name": f"p{n}"} for n in (3, 4, 5)])
+        first = client.get("/prompts", params={"limit": 2}).json()
+        rest = client.get("/prompts", params={"offset": 2, "limit": 2}).json()
+        assert (first["total"], len(first["prompts"]), len(rest["prompts"])) == (3, 2, 1)
+        listed = first["prompts"] + rest["prompts"]
+        assert sorted(p["prompt_id"] for p in listed) == sorted(ids)
+        assert all(p["status"] == "ready" and p["token_ids"] is None for p in listed)
+        assert sorted(p["num_tokens"] for p in listed) == [3, 4, 5]
+        assert client.get("/prompts", params={"status": "failed"}).json()["total"] == 0
+        assert client.get("/prompts", params={"limit": 0}).status_code == 422
