@@ -123,8 +123,10 @@ def watch(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     with _client(settings) as client:
         jobs = JobsClient(client)
-        known = {j.checkpoint for j in jobs.jobs()} | {j.checkpoint_relative for j in jobs.jobs()}
-        print(f"watching {args.dir} every {args.interval:.0f} s ({len(known) // 2} jobs already on the server)")
+        existing = jobs.jobs()
+        # a job's checkpoint as the server resolved it, and as submitted relative to the root
+        known = {j.checkpoint for j in existing} | {j.checkpoint_relative for j in existing}
+        print(f"watching {args.dir} every {args.interval:.0f} s ({len(existing)} jobs already on the server)")
         looks = 0
         while not stop.is_set():
             for ckpt in watcher.poll():
