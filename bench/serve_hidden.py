@@ -54,7 +54,7 @@ FIXTURE_LAYERS = 64
 RAM_ROUTE = "/bench/hidden-from-ram"
 # Row names of the printed table.
 LIMIT = "limit:"
-STORE = "store read: hidden_body in-process (zarr decode)"
+STORE = "store read: hidden_body in-process (decode into the body)"
 RAM, E2E = "HTTP from RAM", "GET /hidden"
 HTTP, TOTAL = f"{RAM}: CacheClient._get_body", f"{E2E}: CacheClient.hidden"
 

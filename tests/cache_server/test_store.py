@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -9,6 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import zarr
+from zarr.codecs import BloscCodec
+from zarr.storage import LocalStore
 
 from cache_server import arrays, dtypes
 from cache_server.store import (
@@ -271,3 +275,81 @@ def test_one_store_per_namespace(open_store: OpenStore) -> None:
         open_store()
     first.close()
     open_store()
+
+
+# -- the direct chunk reader (arrays.ChunkReader) against zarr ------------------------------------
+
+RANGES = [(0, T), (0, 1), (15, 17), (16, 32), (5, 39), (39, 40), (31, 33)]
+
+
+def layer_dir(store: HiddenStore, prompt_id: str, layer: int) -> Path:
+    return store.namespace / "prompts" / prompt_id / "layers" / str(layer)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_direct_chunk_reads_match_zarr(
+    open_store: OpenStore, small_chunks: None, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    store = open_store(dtype=dtype)
+    layers = {k: make_layer(k, dtype) for k in (1, 3, 5)}
+    store.write("p1", TOKENS, 10, layers)
+    arr = arrays.open_array(layer_dir(store, "p1", 1))
+    chunks = arrays.blosc_chunks(arr, layer_dir(store, "p1", 1))
+    assert chunks is not None and chunks.chunk_rows == 16  # the direct path is the one under test
+    # One layer decodes full chunks straight into `out`; several go through a scratch into column slices.
+    requests = [[5, 1, 3], [3], [1, 1]]
+    direct = {(tuple(ks), r): read(store, "p1", ks, *r) for ks in requests for r in RANGES}
+    store.close()
+    monkeypatch.setattr(arrays, "blosc_chunks", lambda arr, array_dir: None)
+    via_zarr = open_store(dtype=dtype)
+    for (ks, (start, stop)), got in direct.items():
+        want = torch.cat([layers[k][start:stop] for k in ks], dim=1)
+        assert torch.equal(bits(got), bits(want)), (ks, start, stop)
+        assert torch.equal(bits(read(via_zarr, "p1", list(ks), start, stop)), bits(got)), (ks, start, stop)
+
+
+def test_other_array_layouts_are_read_through_zarr(open_store: OpenStore, small_chunks: None, tmp_path: Path) -> None:
+    data = make_layer(0, torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    arrays.write_array(tmp_path / "ours", data, compress=True)
+    arrays.write_array(tmp_path / "raw", data, compress=False)
+    assert arrays.blosc_chunks(arrays.open_array(tmp_path / "ours"), tmp_path / "ours") is not None
+    assert arrays.blosc_chunks(arrays.open_array(tmp_path / "raw"), tmp_path / "raw") is None
+    # A layer someone rewrote with another codec and chunk key encoding still reads back exactly.
+    store = open_store()
+    layers = {k: make_layer(k, torch.bfloat16) for k in (0, 1)}
+    store.write("p1", TOKENS, 10, layers)
+    other = layer_dir(store, "p1", 1)
+    shutil.rmtree(other)
+    zarr.create_array(
+        store=LocalStore(other),
+        data=dtypes.tensor_to_storage(layers[1]),
+        chunks=(8, H),
+        compressors=BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle"),
+        chunk_key_encoding={"name": "default", "separator": "."},
+        zarr_format=3,
+    )
+    assert arrays.blosc_chunks(arrays.open_array(other), other) is None
+    for start, stop in RANGES:
+        want = torch.cat([layers[k][start:stop] for k in (1, 0)], dim=1)
+        assert torch.equal(bits(read(store, "p1", [1, 0], start, stop)), bits(want)), (start, stop)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "other width", "bad header"])
+def test_damaged_chunk_is_corruption_not_garbage(open_store: OpenStore, small_chunks: None, damage: str) -> None:
+    store = open_store()
+    store.write("p1", TOKENS, 10, {0: make_layer(0, torch.bfloat16), 1: make_layer(1, torch.bfloat16)})
+    chunk = arrays.chunk_file(layer_dir(store, "p1", 1), 1)
+    payload = chunk.read_bytes()
+    if damage == "truncated":
+        chunk.write_bytes(payload[:-1])
+    elif damage == "empty":
+        chunk.write_bytes(b"")
+    elif damage == "other width":  # a whole, valid chunk of the wrong size
+        arrays.write_array(store.namespace / "wide", np.ones((16, 2 * H), dtype=np.uint16), compress=True)
+        chunk.write_bytes(arrays.chunk_file(store.namespace / "wide", 0).read_bytes())
+    else:
+        chunk.write_bytes(payload[:16] + bytes(len(payload) - 16))  # header intact, blocks zeroed
+    read(store, "p1", [1], 0, 16)  # chunk 0 is intact
+    for layers in ([1], [0, 1]):
+        with pytest.raises(StoreCorrupt, match=r"layer 1: chunk 1 (is damaged|is truncated|does not decode)"):
+            read(store, "p1", layers, 10, 20)
