@@ -38,6 +38,7 @@ def hidden_body(
         start=start,
         stop=stop,
         dtype=manifest.dtype,
+        greedy_mismatches=manifest.greedy_mismatches,
     )
     body = frame(
         [

@@ -17,13 +17,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from cache_server.errors import InvalidLayers, PromptFailed, PromptNotFound, PromptNotReady
 from cache_server.metrics import Metrics
 from cache_server.registry import Registration, Registry, prompt_id_for
 from cache_server.store import HiddenStore, PromptManifest
-from cache_server.target import Target
+from cache_server.target import Captured, Target
 from schemas.prompts import GenerateSpec, PromptPage, PromptSpec, PromptState, PromptStatus, RegisteredPrompt
 
 log = logging.getLogger(__name__)
@@ -134,6 +133,7 @@ class HiddenStateService:
             num_tokens=num_tokens,
             token_ids=tokens,
             layers_stored=list(manifest.layers) if manifest else [],
+            greedy_mismatches=manifest.greedy_mismatches if manifest else None,
             error=error,
         )
 
@@ -232,14 +232,14 @@ class HiddenStateService:
         layers = sorted(set().union(*(job.layers for job, _ in ready)))
         try:
             with self.metrics.compute_seconds.time():
-                outputs = self.target.capture([seq for _, seq in ready], layers)
+                outputs = self.target.capture([seq for _, seq in ready], [j.reg.prompt_len for j, _ in ready], layers)
         except Exception as e:
             for job, _ in ready:
                 self._fail(job, e)
             return
         self.metrics.prompts_computed.inc(len(ready))
         for (job, seq), out in zip(ready, outputs, strict=True):
-            self._writers.submit(self._publish, job, seq, {k: out[k] for k in job.layers})
+            self._writers.submit(self._publish, job, seq, out)
 
     def _sequences(self, batch: list[_Job]) -> list[tuple[_Job, list[int]]]:
         """Prompt + response tokens of each job: stored, given, or the target's greedy response
@@ -269,9 +269,16 @@ class HiddenStateService:
                 known[i] = list(prompt) + response
         return [(batch[i], known[i]) for i in sorted(known)]
 
-    def _publish(self, job: _Job, seq: list[int], layers: dict[int, torch.Tensor]) -> None:
+    def _publish(self, job: _Job, seq: list[int], out: Captured) -> None:
+        layers = {k: out.states[k] for k in job.layers}
         try:
-            manifest = self.store.write(job.reg.prompt_id, np.asarray(seq, dtype=np.int64), job.reg.prompt_len, layers)
+            manifest = self.store.write(
+                job.reg.prompt_id,
+                np.asarray(seq, dtype=np.int64),
+                job.reg.prompt_len,
+                layers,
+                greedy_mismatches=out.greedy_mismatches,
+            )
         except Exception as e:
             self._fail(job, e)
             return

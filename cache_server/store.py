@@ -170,8 +170,11 @@ class HiddenStore:
         token_ids: np.ndarray,
         prompt_len: int,
         layers: Mapping[int, torch.Tensor],
+        *,
+        greedy_mismatches: int | None = None,
     ) -> PromptManifest:
-        """Publish `layers` ({k: [T, H] CPU tensor}); on a published prompt, add the ones it lacks."""
+        """Publish `layers` ({k: [T, H] CPU tensor}); on a published prompt, add the ones it lacks
+        (its manifest keeps the first write's `greedy_mismatches`)."""
         _check_name(prompt_id, "prompt id")
         ids = self._check_tokens(token_ids, prompt_len)
         data = {_layer_id(k): self._check_layer(k, t, len(ids)) for k, t in layers.items()}
@@ -193,7 +196,7 @@ class HiddenStore:
             staging = self._tmp / uuid.uuid4().hex
             try:
                 self._stage(staging, data, ids if old is None else None)
-                return self._publish(prompt_id, staging, old, ids, prompt_len, sorted(data))
+                return self._publish(prompt_id, staging, old, ids, prompt_len, sorted(data), greedy_mismatches)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
 
@@ -326,6 +329,7 @@ class HiddenStore:
         ids: np.ndarray,
         prompt_len: int,
         new_layers: list[int],
+        greedy_mismatches: int | None,
     ) -> PromptManifest:
         prompt_dir = self._prompts / prompt_id
         if old is None:
@@ -352,6 +356,7 @@ class HiddenStore:
             token_sha256=token_sha256(ids),
             codec=old.codec if old else arrays.describe(itemsize),
             created_at=old.created_at if old else datetime.now(UTC).isoformat(),
+            greedy_mismatches=old.greedy_mismatches if old else greedy_mismatches,
         )
         arrays.replace_file(prompt_dir / _MANIFEST, m.model_dump_json(indent=1).encode())
         with self._guard:

@@ -62,6 +62,10 @@ class PromptManifest(BaseModel):
     token_sha256: str
     codec: str
     created_at: str
+    # Response tokens that are not the target's argmax under the stored forward (None: not checked).
+    # 0 means the response is the target's own greedy continuation, so offline tau equals the live
+    # greedy loop's; a given (not generated) response usually differs.
+    greedy_mismatches: int | None = None
 
 
 def token_sha256(token_ids: np.ndarray) -> str:

@@ -25,6 +25,16 @@ from schemas.prompts import PromptSpec
 log = logging.getLogger(__name__)
 
 
+# Positions per lm_head chunk when checking greedy agreement: 1024 x 152k vocab fp32 = 0.6 GB.
+_ARGMAX_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class Captured:
+    states: dict[int, torch.Tensor]  # layer -> [T, H] on CPU, the target dtype
+    greedy_mismatches: int
+
+
 @dataclass(frozen=True)
 class TargetInfo:
     name: str
@@ -120,8 +130,11 @@ class Target:
         return responses
 
     @torch.inference_mode()
-    def capture(self, sequences: Sequence[Sequence[int]], layers: Sequence[int]) -> list[dict[int, torch.Tensor]]:
-        """One batched forward; per sequence, {layer: [T, H] CPU tensor of the target dtype}.
+    def capture(
+        self, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int], layers: Sequence[int]
+    ) -> list[Captured]:
+        """One batched forward: per sequence, its layers' outputs and how far its response is from
+        the target's greedy choice under this very forward.
 
         Right padding keeps every real position's causal context unchanged; a single sequence runs
         unpadded and without a mask, exactly as a direct forward would.
@@ -134,8 +147,24 @@ class Target:
         if len(sequences) > 1:
             mask = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).long().to(self.device)
         with self._hooks(layers) as captured:
-            self.model.model(input_ids=input_ids, attention_mask=mask, use_cache=False)
-        return [{k: captured[k][i, :n].clone() for k in layers} for i, n in enumerate(lengths)]
+            normed = self.model.model(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
+        return [
+            Captured(
+                states={k: captured[k][i, :n].clone() for k in layers},
+                greedy_mismatches=self._greedy_mismatches(normed[i, :n], input_ids[i, :n], p),
+            )
+            for i, (n, p) in enumerate(zip(lengths, prompt_lens, strict=True))
+        ]
+
+    def _greedy_mismatches(self, normed: torch.Tensor, tokens: torch.Tensor, prompt_len: int) -> int:
+        """Response tokens t[s] (s >= prompt_len) that differ from argmax lm_head(h[s - 1])."""
+        mismatches = 0
+        lm_head = self.model.get_output_embeddings()
+        for lo in range(prompt_len - 1, len(tokens) - 1, _ARGMAX_ROWS):  # bounded [rows, vocab] logits
+            hi = min(lo + _ARGMAX_ROWS, len(tokens) - 1)
+            greedy = lm_head(normed[lo:hi]).argmax(dim=-1)
+            mismatches += int((greedy != tokens[lo + 1 : hi + 1]).sum())
+        return mismatches
 
     @contextmanager
     def _hooks(self, layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:

@@ -109,11 +109,21 @@ def evaluate(
             top_k=top_k,
             chunk_size=opts.chunk_size,
         )
-        results.append(score_prompt(prompt_id, drafts, token_ids.tolist(), prompt_len, block_size, opts.tree_budgets))
+        scored = score_prompt(prompt_id, drafts, token_ids.tolist(), prompt_len, block_size, opts.tree_budgets)
+        results.append(scored.model_copy(update={"greedy_mismatches": res.metadata.greedy_mismatches}))
+    not_greedy = [r.prompt_id for r in results if r.greedy_mismatches]
+    if not_greedy:
+        log.warning(
+            "%d prompts have responses that are not the target's greedy continuation (e.g. %s): their tau "
+            "measures acceptance against the given response, not what the live greedy loop would see",
+            len(not_greedy),
+            not_greedy[:3],
+        )
     summary = EvalSummary(
         chain=summarize([r.chain for r in results]),
         trees={b: summarize([r.trees[b] for r in results]) for b in opts.tree_budgets},
         prompts_evaluated=len(results),
+        prompts_not_target_greedy=len(not_greedy),
         wall_time_s=time.perf_counter() - started,
     )
     log.info("chain tau %s over %d prompts", summary.chain.mean_tau, len(results))

@@ -30,4 +30,9 @@ def format_report(report: EvalReport) -> str:
     lines += [_row(f"ddtree-{b}", s) for b, s in sorted(report.summary.trees.items())]
     lines += ["", f"tau = mean over prompts of each prompt's mean round tau (bonus token counted); "
               f"{report.summary.wall_time_s:.1f} s on {report.device}"]  # fmt: skip
+    if report.summary.prompts_not_target_greedy:
+        lines.append(
+            f"warning: {report.summary.prompts_not_target_greedy} prompts have responses that are not the "
+            "target's greedy continuation; their tau is not the live greedy loop's"
+        )
     return "\n".join(lines)

@@ -27,9 +27,10 @@ class HiddenMetadata(BaseModel):
     start: int
     stop: int
     dtype: str
+    greedy_mismatches: int | None = None  # response tokens that are not the target's greedy choice
 
     def to_strings(self) -> dict[str, str]:
-        out = {k: str(v) for k, v in self.model_dump().items()}
+        out = {k: str(v) for k, v in self.model_dump().items() if v is not None}
         out["layers"] = ",".join(str(k) for k in self.layers)
         return out
 

@@ -71,6 +71,9 @@ class PromptState(BaseModel):
     num_tokens: int | None = None  # known once the response exists (given or generated)
     token_ids: list[int] | None = None
     layers_stored: list[int] = Field(default_factory=list)
+    greedy_mismatches: int | None = Field(
+        default=None, description="response tokens that are not the target's greedy choice (0: its own greedy)"
+    )
     error: str | None = None
 
 

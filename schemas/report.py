@@ -22,6 +22,11 @@ class PromptEval(BaseModel):
     num_tokens: int
     chain: RoundTaus
     trees: dict[int, RoundTaus] = Field(default_factory=dict, description="DDTree budget -> rounds")
+    greedy_mismatches: int | None = Field(
+        default=None,
+        description="response tokens that are not the target's greedy choice (cache server's check); "
+        "0 means these rounds are exactly the live greedy loop's, None that the cache did not say",
+    )
 
 
 class TauSummary(BaseModel):
@@ -42,6 +47,9 @@ class EvalSummary(BaseModel):
     chain: TauSummary
     trees: dict[int, TauSummary] = Field(default_factory=dict)
     prompts_evaluated: int
+    prompts_not_target_greedy: int = Field(
+        default=0, description="prompts whose response is not the target's own greedy continuation"
+    )
     wall_time_s: float
 
 

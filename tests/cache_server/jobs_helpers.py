@@ -37,7 +37,13 @@ def report_body(worker: str = "w", checkpoint: str = "ckpt") -> dict[str, Any]:
         "device": "cpu",
         "dtype": "float32",
         "prompts": [],
-        "summary": {"chain": empty, "trees": {}, "prompts_evaluated": 0, "wall_time_s": 0.0},
+        "summary": {
+            "chain": empty,
+            "trees": {},
+            "prompts_evaluated": 0,
+            "prompts_not_target_greedy": 0,
+            "wall_time_s": 0.0,
+        },
     }
 
 

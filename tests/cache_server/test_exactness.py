@@ -85,3 +85,17 @@ def test_batched_generation_matches_one_prompt_at_a_time(tiny_target: Path) -> N
     for prompt, response in zip(prompts, batched, strict=True):
         alone = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)[0].tolist()
         assert prompt + response == alone
+
+
+def test_greedy_agreement_of_responses_is_recorded(tiny_target: Path, tmp_path: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_target).eval()
+    with torch.inference_mode():
+        argmax = model(torch.tensor([PROMPT + RESPONSE])).logits[0].argmax(-1).tolist()
+    expected = sum(argmax[s - 1] != t for s, t in enumerate(PROMPT + RESPONSE) if s >= len(PROMPT))
+    with app_client(tiny_target, tmp_path / "store") as client:
+        [given] = register_ready(client, [{"token_ids": PROMPT, "response_token_ids": RESPONSE}])
+        [generated] = register_ready(client, [{"token_ids": PROMPT}], generate=12)
+        assert client.get(f"/prompts/{given}").json()["greedy_mismatches"] == expected > 0
+        assert client.get(f"/prompts/{generated}").json()["greedy_mismatches"] == 0
+        _, meta = get_hidden(client, given, "1")
+    assert meta["greedy_mismatches"] == str(expected)

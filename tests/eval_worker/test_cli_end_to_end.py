@@ -74,6 +74,9 @@ def test_evaluate_against_a_real_server_matches_in_process_ground_truth(
         assert served[pid].chain == expected.chain
         assert served[pid].trees == expected.trees
     assert report.summary.chain.mean_tau == pytest.approx(truth.summary.chain.mean_tau)
+    # the responses are the target's greedy continuations, and the cache confirmed it per prompt
+    assert [p.greedy_mismatches for p in report.prompts] == [0] * len(ids)
+    assert report.summary.prompts_not_target_greedy == 0
     assert (report.step, report.layer_ids_source, report.target_layer_ids) == (120, "checkpoint", [1, 3, 5])
     assert (tmp_path / "heads").is_dir()  # heads cached by fingerprint for the next checkpoint
 

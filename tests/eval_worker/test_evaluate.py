@@ -214,3 +214,22 @@ def test_bf16_features_are_evaluated_in_float32(
 def _sequences_of(source: TinySource) -> Sequences:
     ids = [v[0] for v in source.prompts.values()]
     return Sequences(ids, [torch.empty(0)] * len(ids), [v[1] for v in source.prompts.values()])
+
+
+def test_responses_that_are_not_target_greedy_are_counted_and_flagged(
+    source: TinySource, checkpoint: LoadedCheckpoint, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class GivenResponse(TinySource):
+        def hidden(self, prompt_id: str, layers: Sequence[int]) -> HiddenResult:
+            res = super().hidden(prompt_id, layers)
+            mismatches = 3 if prompt_id == "p0" else 0
+            return HiddenResult(
+                res.hidden, res.token_ids, res.metadata.model_copy(update={"greedy_mismatches": mismatches})
+            )
+
+    given = GivenResponse(source.target, source.info, _sequences_of(source))
+    with caplog.at_level(logging.WARNING):
+        report = _evaluate(given, checkpoint, tmp_path)
+    assert report.summary.prompts_not_target_greedy == 1
+    assert [p.greedy_mismatches for p in report.prompts][:2] == [3, 0]
+    assert "not the target's greedy continuation" in caplog.text and "p0" in caplog.text
