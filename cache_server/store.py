@@ -9,7 +9,6 @@ Errors and the manifest live in `store_manifest.py`.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
@@ -41,11 +40,11 @@ from cache_server.store_manifest import (
     StoreInputError,
     token_sha256,
 )
+from cache_server.store_recovery import MANIFEST, lock_namespace, sweep_interrupted_writes
 
 log = logging.getLogger(__name__)
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-_MANIFEST = "manifest.json"
 _OPEN_ARRAYS = 1024  # opened zarr arrays kept (LRU); opening one costs ~0.6 ms, a read ~10 ms per layer
 # Errors zarr/numcodecs raise on a missing or damaged array file.
 _READ_ERRORS = (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarrError)
@@ -89,7 +88,7 @@ class HiddenStore:
         self._prompts = self._ns / "prompts"
         self._tmp = self._ns / "tmp"
         self._prompts.mkdir(parents=True, exist_ok=True)
-        self._lock_file = _lock_namespace(self._ns)
+        self._lock_file = lock_namespace(self._ns)
         self._manifests: dict[str, PromptManifest] = {}
         self._arrays: OrderedDict[tuple[str, int], _Layer] = OrderedDict()
         self._chunk_reader = arrays.ChunkReader()  # per-thread buffers: used only from self._pool
@@ -97,7 +96,7 @@ class HiddenStore:
         self._prompt_locks: dict[str, threading.Lock] = {}
         self._pool = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="hidden-store")
         try:
-            self._sweep()
+            sweep_interrupted_writes(self._prompts, self._tmp, self.manifest)
         except BaseException:
             self.close()
             raise
@@ -130,7 +129,7 @@ class HiddenStore:
             cached = self._manifests.get(prompt_id)
         if cached is not None:
             return cached
-        path = self._prompts / prompt_id / _MANIFEST
+        path = self._prompts / prompt_id / MANIFEST
         try:
             text = path.read_text()
         except FileNotFoundError:
@@ -358,7 +357,7 @@ class HiddenStore:
             created_at=old.created_at if old else datetime.now(UTC).isoformat(),
             greedy_mismatches=old.greedy_mismatches if old else greedy_mismatches,
         )
-        arrays.replace_file(prompt_dir / _MANIFEST, m.model_dump_json(indent=1).encode())
+        arrays.replace_file(prompt_dir / MANIFEST, m.model_dump_json(indent=1).encode())
         with self._guard:
             self._manifests[prompt_id] = m
         return m
@@ -369,31 +368,6 @@ class HiddenStore:
             lock = self._prompt_locks.setdefault(prompt_id, threading.Lock())
         with lock:
             yield
-
-    # -- recovery -------------------------------------------------------------------------------
-
-    def _sweep(self) -> None:
-        """Delete what interrupted writes left: staging dirs, unpublished prompts, unlisted layers."""
-        shutil.rmtree(self._tmp, ignore_errors=True)
-        self._tmp.mkdir()
-        for prompt_dir in self._prompts.iterdir():
-            if not (prompt_dir / _MANIFEST).is_file():
-                log.info("removing unpublished prompt dir %s", prompt_dir)
-                shutil.rmtree(prompt_dir, ignore_errors=True)
-                continue
-            for stray in prompt_dir.glob(f"{_MANIFEST}.*"):
-                stray.unlink()
-            try:
-                m = self.manifest(prompt_dir.name)
-            except StoreError as e:
-                log.warning("leaving unreadable prompt %s in place: %s", prompt_dir.name, e)
-                continue
-            listed = {str(k) for k in m.layers} if m else set()
-            layers_dir = prompt_dir / "layers"
-            for layer_dir in layers_dir.iterdir() if layers_dir.is_dir() else ():
-                if layer_dir.name not in listed:
-                    log.info("removing unpublished layer dir %s", layer_dir)
-                    shutil.rmtree(layer_dir, ignore_errors=True)
 
 
 def _read_guarded(prompt_id: str, layer: int, job: Callable[[], None]) -> None:
@@ -412,16 +386,6 @@ def _layer_id(layer: object) -> int:
 def _check_name(name: str, what: str) -> None:
     if not _SAFE_NAME.fullmatch(name):
         raise StoreInputError(f"{what} {name!r} must match {_SAFE_NAME.pattern}")
-
-
-def _lock_namespace(ns: Path) -> Any:
-    f = open(ns / ".lock", "a")  # noqa: SIM115  # held open for the store's lifetime
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as e:
-        f.close()
-        raise StoreError(f"{ns} is already open by another HiddenStore") from e
-    return f
 
 
 __all__ = [
