@@ -1,8 +1,8 @@
 """Compare lossless codecs on one LLM-like bf16 layer: ratio, encode GB/s, decode GB/s.
 
-Run: `.venv/bin/python bench/codec_choice.py [--tokens 2048] [--hidden 2048]`. The numbers feed the
-codec choice in `cache_server/arrays.py`. Codecs run single-threaded, as zarr runs them (zarr sets
-`numcodecs.blosc.use_threads = False` and parallelises over chunks instead).
+Run from the repository root: `.venv/bin/python -m bench.codec_choice [--tokens 2048] [--hidden 2048]`.
+The numbers feed the codec choice in `cache_server/arrays.py`. Codecs run single-threaded, as zarr runs
+them (zarr sets `numcodecs.blosc.use_threads = False` and parallelises over chunks instead).
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ import numcodecs.blosc
 import numpy as np
 import torch
 
+from bench.activations import activation_like
+from cache_server.dtypes import tensor_to_storage
+
 
 @dataclass(frozen=True)
 class Result:
@@ -24,17 +27,6 @@ class Result:
     ratio: float
     encode_gbps: float
     decode_gbps: float
-
-
-def activation_like(tokens: int, hidden: int, seed: int = 0) -> np.ndarray:
-    """A bf16 residual-stream stand-in, returned as its uint16 bit pattern: per-channel scales,
-    a few massive-activation channels (as real decoder layers have), rounded to bf16."""
-    gen = torch.Generator().manual_seed(seed)
-    channel_scale = torch.exp(torch.randn(hidden, generator=gen) * 0.5)  # [H]
-    outliers = torch.randperm(hidden, generator=gen)[:8]
-    channel_scale[outliers] *= 100.0
-    x = torch.randn(tokens, hidden, generator=gen) * channel_scale  # [T, H]
-    return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
 
 def best_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -88,7 +80,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     numcodecs.blosc.use_threads = False
-    raw = activation_like(args.tokens, args.hidden)
+    raw = tensor_to_storage(activation_like(args.tokens, args.hidden, torch.bfloat16, seed=0))  # uint16 bits
     print(f"layer [{args.tokens}, {args.hidden}] bf16 = {raw.nbytes / 2**20:.1f} MiB, best of {args.repeats}")
     print(f"{'codec':<40} {'ratio':>6} {'enc GB/s':>9} {'dec GB/s':>9}")
     for name, codec in candidates():

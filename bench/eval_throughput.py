@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM
 
 from cache_server.tiny_model import SPARE_ROWS, build_tiny_model
 from eval_worker import DFlashDrafter, chain_round_taus, default_layer_ids, draft_anchors, draft_block, tree_round_taus
+from eval_worker.acceptance import DraftLookup
 from eval_worker.live_loop import target_heads
 from eval_worker.taps import target_forward
 from eval_worker.train_tiny import Sequences, TinyTrainer, tiny_drafter_config
@@ -55,19 +56,22 @@ class Outcome:
     forwards: int  # drafter forwards: anchors drafted (batched) or rounds drafted (round-by-round)
 
 
+def walks(ids: Tensor, drafts: DraftLookup, w: Workload) -> tuple[list[int], list[int]]:
+    """(chain round taus, tree round taus) of one prompt."""
+    tokens = ids.tolist()
+    return (
+        chain_round_taus(tokens, w.prompt_len, w.block_size, drafts),
+        tree_round_taus(tokens, w.prompt_len, w.block_size, drafts, w.budget),
+    )
+
+
 def evaluate_batched(drafter: DFlashDrafter, taps: Sequence[Tensor], w: Workload) -> Outcome:
     taus: Taus = []
     anchors = 0
     for ids, t in zip(w.token_ids, taps, strict=True):
         span = range(w.prompt_len, ids.shape[0] - 1)
         drafts = draft_anchors(drafter, t, ids, span, w.embed, w.lm_head, top_k=w.budget, chunk_size=w.chunk_size)
-        tokens = ids.tolist()
-        taus.append(
-            (
-                chain_round_taus(tokens, w.prompt_len, w.block_size, drafts),
-                tree_round_taus(tokens, w.prompt_len, w.block_size, drafts, w.budget),
-            )
-        )
+        taus.append(walks(ids, drafts, w))
         anchors += len(span)
     return Outcome(taus, anchors)
 
@@ -98,13 +102,7 @@ def evaluate_round_by_round(drafter: DFlashDrafter, taps: Sequence[Tensor], w: W
     forwards = 0
     for ids, t in zip(w.token_ids, taps, strict=True):
         drafts = RoundDrafts(drafter, t, ids, w)
-        tokens = ids.tolist()
-        taus.append(
-            (
-                chain_round_taus(tokens, w.prompt_len, w.block_size, drafts),
-                tree_round_taus(tokens, w.prompt_len, w.block_size, drafts, w.budget),
-            )
-        )
+        taus.append(walks(ids, drafts, w))
         forwards += drafts.forwards
     return Outcome(taus, forwards)
 

@@ -17,14 +17,13 @@ import os
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,9 @@ import uvicorn
 from fastapi import Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from bench.activations import activation_like
 from cache_server.app import create_app
+from cache_server.child import free_port, running_child
 from cache_server.client import CacheClient
 from cache_server.dtypes import TORCH_DTYPES as DTYPES
 from cache_server.hidden_body import hidden_body
@@ -92,15 +93,6 @@ def open_store(root: Path, info: TargetInfo, read_threads: int) -> HiddenStore:
     )
 
 
-def activation_like(tokens: int, hidden: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """[T, H] residual-stream stand-in: normal values, per-channel scales, 8 massive-activation
-    channels (as real decoder layers have), so the codec compresses as it would on real states."""
-    gen = torch.Generator().manual_seed(seed)
-    scale = torch.exp(torch.randn(hidden, generator=gen) * 0.5)  # [H]
-    scale[torch.randperm(hidden, generator=gen)[:8]] *= 100.0
-    return (torch.randn(tokens, hidden, generator=gen) * scale).to(dtype)  # [T, H]
-
-
 def seed(root: Path, bins: Path, info: TargetInfo, layers: list[int], tokens: int) -> str:
     """Publish one prompt's layers and register it (so the service serves it without computing);
     also write each layer's raw bytes as `<k>.bin` for the plain-file baseline."""
@@ -150,44 +142,13 @@ def serve(store: Path, port: int, hidden: int, dtype: str, read_threads: int) ->
     uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", log_level="warning")
 
 
-class ServerProcess:
-    """`python -m bench.serve_hidden --serve ...` on a free loopback port, stopped on exit."""
-
-    def __init__(self, args: argparse.Namespace, store: Path, log: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        cmd = [sys.executable, "-m", "bench.serve_hidden", "--serve", "--store", str(store)]
-        cmd += ["--port", str(self.port), "--hidden", str(args.hidden), "--dtype", args.dtype]
-        cmd += ["--read-threads", str(args.read_threads)]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log = log
-        with open(log, "wb") as out:
-            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-
-    def __enter__(self) -> ServerProcess:
-        deadline = time.monotonic() + 60
-        while True:
-            if self._proc.poll() is not None:
-                tail = self._log.read_text()[-3000:]
-                raise RuntimeError(f"the bench server exited with {self._proc.returncode}:\n{tail}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                self.__exit__()
-                raise TimeoutError("the bench server did not become healthy in 60 s")
-            time.sleep(0.1)
-
-    def __exit__(self, *exc: object) -> None:
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+def bench_server(args: argparse.Namespace, store: Path, log: Path) -> AbstractContextManager[str]:
+    """`python -m bench.serve_hidden --serve ...` on a free loopback port; yields its URL, stopped on exit."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "bench.serve_hidden", "--serve", "--store", str(store)]
+    cmd += ["--port", str(port), "--hidden", str(args.hidden), "--dtype", args.dtype]
+    cmd += ["--read-threads", str(args.read_threads)]
+    return running_child(cmd, port, log, cwd=REPO)
 
 
 # -- the measured paths: each is a callable doing one transfer -----------------------------------
@@ -304,9 +265,9 @@ def run(args: argparse.Namespace) -> None:
             raise RuntimeError(f"the seeded prompt {pid} is not published")
         nbytes = hidden_body(store, m, layers, 0, m.num_tokens).buffer.nbytes
 
-        server = stack.enter_context(ServerProcess(args, root, Path(tmp) / "server.log"))
-        client = stack.enter_context(CacheClient(server.url))
-        plain = stack.enter_context(httpx.Client(base_url=server.url, timeout=120))
+        url = stack.enter_context(bench_server(args, root, Path(tmp) / "server.log"))
+        client = stack.enter_context(CacheClient(url))
+        plain = stack.enter_context(httpx.Client(base_url=url, timeout=120))
         query = {"prompt_id": pid, "layers": ",".join(map(str, layers))}
         hidden_path, ram_path = f"/hidden?{urlencode(query)}", f"{RAM_ROUTE}?{urlencode(query)}"
         threads = args.read_threads
@@ -319,15 +280,15 @@ def run(args: argparse.Namespace) -> None:
             STORE: lambda: hidden_body(store, m, layers, 0, m.num_tokens),
             HTTP: lambda: parse(client._get_body(RAM_ROUTE, query)),
             f"{RAM}: http.client readinto, fresh buffer each": stack.enter_context(
-                http_client_readinto(server.url, ram_path, nbytes, fresh=True)
+                http_client_readinto(url, ram_path, nbytes, fresh=True)
             ),
             f"{RAM}: http.client readinto, one buffer": stack.enter_context(
-                http_client_readinto(server.url, ram_path, nbytes, fresh=False)
+                http_client_readinto(url, ram_path, nbytes, fresh=False)
             ),
             f"{RAM}: httpx .content": lambda: plain.get(ram_path).content,
             TOTAL: lambda: client.hidden(pid, layers),
             f"{E2E}: http.client readinto, one buffer": stack.enter_context(
-                http_client_readinto(server.url, hidden_path, nbytes, fresh=False)
+                http_client_readinto(url, hidden_path, nbytes, fresh=False)
             ),
             f"{E2E}: httpx .content": lambda: plain.get(hidden_path).content,
         }

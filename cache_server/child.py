@@ -1,4 +1,4 @@
-"""Start `cache-server serve` as a child process and wait until it is healthy (demo, tests, benches)."""
+"""Start a server (`cache-server serve`, or a bench's) as a child process and wait until it is healthy."""
 
 from __future__ import annotations
 
@@ -36,18 +36,15 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: 
 
 
 @contextmanager
-def running_server(
-    model: Path, store: Path, *extra: str, env: dict[str, str] | None = None, port: int | None = None
+def running_child(
+    cmd: list[str], port: int, log: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> Iterator[str]:
-    """Yields the server's URL; terminates it (SIGTERM, then SIGKILL) on exit.
+    """Runs `cmd`, a server on loopback `port`; yields its URL once `/healthz` answers, and
+    terminates it (SIGTERM, then SIGKILL) on exit.
 
-    Its output goes to `<store>.log` (a file, not a pipe nobody drains, which would block it)."""
-    port = port or free_port()
-    cmd = [sys.executable, "-m", "cache_server.cli", "serve", "--model", str(model), "--store", str(store)]
-    cmd += ["--port", str(port), "--device", "cpu", "--log-level", "warning", *extra]
-    log = store.with_name(store.name + ".log")
+    Its output goes to `log` (a file, not a pipe nobody drains, which would block it)."""
     with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log)
@@ -59,3 +56,15 @@ def running_server(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def running_server(
+    model: Path, store: Path, *extra: str, env: dict[str, str] | None = None, port: int | None = None
+) -> Iterator[str]:
+    """`cache-server serve` on CPU over `model` and `store`; yields its URL. Its output goes to `<store>.log`."""
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "cache_server.cli", "serve", "--model", str(model), "--store", str(store)]
+    cmd += ["--port", str(port), "--device", "cpu", "--log-level", "warning", *extra]
+    with running_child(cmd, port, store.with_name(store.name + ".log"), env=env) as url:
+        yield url

@@ -7,9 +7,12 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from cache_server.settings import ServeSettings
 
 
 def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
@@ -94,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _serve(settings)
 
 
-def _check_startable(settings: Any) -> None:
+def _check_startable(settings: ServeSettings) -> None:
     """Fail before the server starts, with one line, on what would otherwise be a startup traceback."""
     from cache_server.devices import resolve_device
 
@@ -103,7 +106,7 @@ def _check_startable(settings: Any) -> None:
     resolve_device(settings.device)
 
 
-def _serve(settings: Any) -> int:
+def _serve(settings: ServeSettings) -> int:
     import uvicorn
 
     from cache_server.app import create_app

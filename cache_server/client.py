@@ -123,11 +123,14 @@ class CacheClient:
     def close(self) -> None:
         self._http.close()
 
+    def _unreachable(self, e: httpx.TransportError) -> ServerUnreachable:
+        return ServerUnreachable(f"cannot reach the cache server at {self.base_url}: {e}")
+
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as e:
-            raise ServerUnreachable(f"cannot reach the cache server at {self.base_url}: {e}") from e
+            raise self._unreachable(e) from e
         _raise_for_error(response)
         return response
 
@@ -210,7 +213,7 @@ class CacheClient:
                     raise ProtocolError(f"body of {path} ended at {pos} of {size} bytes")
                 return buf
         except httpx.TransportError as e:
-            raise ServerUnreachable(f"cannot reach the cache server at {self.base_url}: {e}") from e
+            raise self._unreachable(e) from e
 
     def hidden(
         self, prompt_id: str, layers: Sequence[int], *, start: int | None = None, stop: int | None = None

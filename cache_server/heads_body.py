@@ -6,6 +6,7 @@ from functools import cache
 
 from safetensors.torch import save
 
+from cache_server.dtypes import dtype_name
 from cache_server.target import Target
 from schemas.hidden import EMBED_TENSOR, LM_HEAD_TENSOR
 
@@ -21,6 +22,6 @@ def heads_body(target: Target) -> bytes:
         },  # clone: may be tied
         metadata={
             "model_fingerprint": target.info.fingerprint,
-            "dtype": str(embed.dtype).removeprefix("torch."),
+            "dtype": dtype_name(embed.dtype),
         },
     )

@@ -234,8 +234,7 @@ class HiddenStore:
             dst = raw[:, i * h : (i + 1) * h]  # [stop - start, H]
             arr, chunks = self._layer_array(m, k)
             if chunks is None:
-                layer_dir = self._prompts / m.prompt_id / "layers" / str(k)
-                jobs.append((k, partial(arrays.read_rows, arr, layer_dir, start, stop, dst)))
+                jobs.append((k, partial(arrays.read_rows, arr, self._layer_dir(m.prompt_id, k), start, stop, dst)))
                 continue
             for c, lo, hi, at in chunks.pieces(start, stop):
                 jobs.append((k, partial(self._chunk_reader.read, chunks, c, lo, hi, dst[at : at + hi - lo])))
@@ -251,6 +250,9 @@ class HiddenStore:
         if m is None:
             raise PromptNotStored(f"prompt {prompt_id!r} is not stored for model {self.fingerprint}")
         return m
+
+    def _layer_dir(self, prompt_id: str, layer: int) -> Path:
+        return self._prompts / prompt_id / "layers" / str(layer)
 
     def _open(self, prompt_id: str, rel: str) -> zarr.Array[Any]:
         try:
@@ -273,7 +275,7 @@ class HiddenStore:
                     f"prompt {prompt_id!r} layer {layer}: array {arr.dtype} {arr.shape} does not match "
                     f"the manifest ({m.num_tokens}, {self.hidden_size})"
                 )
-            found = (arr, arrays.blosc_chunks(arr, self._prompts / prompt_id / "layers" / str(layer)))
+            found = (arr, arrays.blosc_chunks(arr, self._layer_dir(prompt_id, layer)))
             with self._guard:
                 self._arrays[key] = found
                 if len(self._arrays) > _OPEN_ARRAYS:

@@ -150,7 +150,7 @@ class Target:
             normed = self.model.model(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
         return [
             Captured(
-                states={k: captured[k][i, :n].clone() for k in layers},
+                states={k: captured[k][i, :n] for k in layers},  # views of the batch's host copy
                 greedy_mismatches=self._greedy_mismatches(normed[i, :n], input_ids[i, :n], p),
             )
             for i, (n, p) in enumerate(zip(lengths, prompt_lens, strict=True))
@@ -173,7 +173,8 @@ class Target:
         def make_hook(k: int) -> Any:
             def hook(_module: Any, _inputs: Any, output: Any) -> None:
                 hidden = output[0] if isinstance(output, tuple) else output
-                captured[k] = hidden.detach().to("cpu")
+                # The one copy: to the host, and on CPU too, so that no stored state aliases the model's.
+                captured[k] = hidden.detach().to("cpu", copy=True)
 
             return hook
 

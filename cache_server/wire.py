@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64"}
-TORCH_DTYPES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+_TORCH_BY_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 
 class WireFormatError(ValueError):
@@ -31,7 +31,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * torch.empty((), dtype=self.dtype).element_size()
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def parse(body: bytes | bytearray | memoryview | np.ndarray) -> tuple[dict[str, 
     tensors: dict[str, torch.Tensor] = {}
     for name, entry in header.items():
         lo, hi = entry["data_offsets"]
-        dtype = TORCH_DTYPES.get(entry["dtype"])
+        dtype = _TORCH_BY_SAFETENSORS.get(entry["dtype"])
         if dtype is None or hi > len(data):
             raise WireFormatError(f"tensor {name!r}: unsupported dtype {entry['dtype']} or range past the body")
         flat = torch.frombuffer(data[lo:hi], dtype=dtype) if hi > lo else torch.empty(0, dtype=dtype)

@@ -54,7 +54,7 @@ def chain_round_taus(token_ids: Sequence[int], prompt_len: int, block_size: int,
 def tree_round_taus(
     token_ids: Sequence[int], prompt_len: int, block_size: int, drafts: DraftLookup, budget: int
 ) -> list[int]:
-    """Per-round tau of DDTree-`budget` (REFERENCE s.5) over the same walk."""
+    """Per-round tau of DDTree-`budget` over the same walk."""
 
     def accept(s: int, reference: Sequence[int]) -> int:
         logprobs, ids = drafts.top(s)

@@ -125,10 +125,11 @@ def draft_anchors(
     device = taps.device
     kv = context_kv(drafter, taps)
     anchor_t = torch.tensor(list(anchors), dtype=torch.long, device=device)
+    token_ids = token_ids.to(device)
     greedy, top_lp, top_ids = [], [], []
     for start in range(0, len(anchors), chunk_size):
         chunk = anchor_t[start : start + chunk_size]
-        logits = block_logits(drafter, kv, token_ids.to(device)[chunk], chunk, embed_tokens, lm_head)
+        logits = block_logits(drafter, kv, token_ids[chunk], chunk, embed_tokens, lm_head)
         greedy.append(logits.argmax(dim=-1).cpu())
         logprobs = torch.log_softmax(logits.float(), dim=-1)  # [m, B-1, V]
         values, ids = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)

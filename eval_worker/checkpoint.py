@@ -94,8 +94,6 @@ def load_checkpoint(
 
     `layer_ids_override` is only for checkpoints that name no layers (one that contradicts them is
     refused); `block_size_override` drafts a different block length than the config's."""
-    if not path.exists():
-        raise CheckpointRefused(f"checkpoint {path} does not exist")
     raw = read_raw(path, config_path)
     cfg = DrafterConfig.from_hf_dict(raw.config, block_size=block_size_override)
     _check_target_fit(cfg, target)

@@ -30,6 +30,14 @@ def _client(settings: WorkerSettings) -> CacheClient:
     return CacheClient(settings.server, token=settings.token)
 
 
+def _stop_on_signals() -> threading.Event:
+    """An event SIGTERM and SIGINT set, so that a loop finishes what it is doing, then exits."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
 def evaluate(args: argparse.Namespace) -> int:
     from eval_worker.report_table import format_report
     from eval_worker.run import run_evaluation
@@ -65,9 +73,7 @@ def serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args, "server", "device", "poll_interval", "lease_s", "name")
     resolve_device(settings.device)  # a worker that cannot run its jobs must not claim them
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # finish the job in hand, then exit
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signals()  # finish the job in hand, then exit
     with _client(settings) as client:
         JobWorker(client, settings).serve(stop)
     return 0
@@ -118,9 +124,7 @@ def watch(args: argparse.Namespace) -> int:
 
     settings = _settings(args, "server", "checkpoint_root")
     watcher = CheckpointWatcher(args.dir)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signals()
     with _client(settings) as client:
         jobs = JobsClient(client)
         existing = jobs.jobs()

@@ -1,4 +1,4 @@
-"""DDTree-B: a draft tree of at most B nodes (root excluded) from one DFlash forward (REFERENCE s.5).
+"""DDTree-B: a draft tree of at most B nodes (root excluded) from one DFlash forward.
 
 Best-first on the float32 sum of log-softmax values along a path; every depth offers the same
 top-min(B, vocab) candidates under any parent; ties go to the smaller tuple of ranks.

@@ -1,4 +1,4 @@
-"""Our implementation of the published DFlash drafter (parameter names match its checkpoints).
+"""The published DFlash drafter (parameter names match its checkpoints).
 
 A non-causal Qwen3-style stack that attends over `hidden_norm(fc(taps))` of the target and a block
 `[anchor, MASK, ...]`; it borrows the target's `embed_tokens` and `lm_head`, passed in.

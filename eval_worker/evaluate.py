@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from cache_server.dtypes import dtype_name
 from eval_worker.acceptance import DraftLookup, chain_round_taus, tree_round_taus
 from eval_worker.batched import draft_anchors
 from eval_worker.checkpoint import LoadedCheckpoint, check_fits_target
@@ -140,7 +141,7 @@ def evaluate(
         mask_token_id=checkpoint.config.mask_token_id,
         tree_budgets=list(opts.tree_budgets),
         device=str(opts.device),
-        dtype=str(opts.dtype).removeprefix("torch."),
+        dtype=dtype_name(opts.dtype),
         prompts=results,
         summary=summary,
     )

@@ -1,4 +1,4 @@
-"""Which target layers a drafter's fc reads, and where that answer came from (REFERENCE s.2)."""
+"""Which target layers a drafter's fc reads, and where that answer came from."""
 
 from __future__ import annotations
 

@@ -47,7 +47,8 @@ def _branches(logits: Tensor, budget: int | None) -> Branches:
     top = logprobs.topk(min(budget, logprobs.shape[-1]), dim=-1)
     tree = build_tree(top.values, top.indices, budget)
     tokens, nodes = _tree_paths(tree)
-    leaves = [i for i in range(len(tree.tokens)) if i not in set(tree.parents)]
+    parents = set(tree.parents)
+    leaves = [i for i in range(len(tree.tokens)) if i not in parents]
     return tree, [tokens[i] for i in leaves] or [[]], [nodes[i] for i in leaves] or [[]]
 
 

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cache_server.checkpoint_paths import HF_FILES
+
 TORCH_SUFFIXES = (".pt", ".pth")
-HF_FILES = ("config.json", "model.safetensors")
 
 
 def _candidates(root: Path) -> Iterator[tuple[Path, tuple[Path, ...]]]:
