@@ -16,7 +16,7 @@ from urllib.parse import urlencode, urlsplit
 import numpy as np
 
 # A kept-alive connection the server has since closed fails on first use: reconnect once.
-_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+_STALE = (http.client.RemoteDisconnected, http.client.ImproperConnectionState, BrokenPipeError, ConnectionResetError)
 
 
 class BodyTruncated(Exception):
@@ -44,11 +44,9 @@ class BodyReader:
         self._lock = threading.Lock()
         self._all: list[http.client.HTTPConnection] = []
 
-    def _connection(self, fresh: bool = False) -> http.client.HTTPConnection:
+    def _connection(self) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is None or fresh:
-            if conn is not None:
-                conn.close()
+        if conn is None:
             cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
             conn = cls(self._host, self._port, timeout=self._timeout)
             self._local.conn = conn
@@ -60,9 +58,17 @@ class BodyReader:
         """Raises OSError / http.client.HTTPException if no response came, BodyTruncated if it broke off."""
         target = self._prefix + path + (f"?{urlencode(params)}" if params else "")
         try:
+            return self._get(target, path)
+        except BaseException:
+            self._drop()  # a connection left mid-request cannot send the next one
+            raise
+
+    def _get(self, target: str, path: str) -> Body:
+        try:
             response = self._send(self._connection(), target)
         except _STALE:
-            response = self._send(self._connection(fresh=True), target)
+            self._drop()
+            response = self._send(self._connection(), target)
         headers = response.getheaders()
         size = response.length
         if not 200 <= response.status < 300 or size is None:
@@ -72,10 +78,17 @@ class BodyReader:
         while pos < size:
             n = response.readinto(view[pos:])
             if not n:
-                self._connection(fresh=True)
                 raise BodyTruncated(f"body of {path} ended at {pos} of {size} bytes")
             pos += n
         return Body(response.status, headers, data)
+
+    def _drop(self) -> None:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+            with self._lock:
+                self._all.remove(conn)
 
     def _send(self, conn: http.client.HTTPConnection, target: str) -> http.client.HTTPResponse:
         conn.request("GET", target, headers=self._headers)

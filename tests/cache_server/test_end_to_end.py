@@ -72,3 +72,18 @@ def test_unreachable_server_is_a_typed_error() -> None:
         pytest.raises(ServerUnreachable),
     ):
         client.model()
+
+
+def test_client_survives_a_server_restart(tiny_target: Path, tmp_path: Path) -> None:
+    store, port = tmp_path / "store", free_port()
+    with CacheClient(f"http://127.0.0.1:{port}", timeout=10) as client:
+        with running_server(tiny_target, store, port=port):
+            [p] = client.register([{"token_ids": [5, 6, 7, 8]}])
+            client.wait_ready([p.prompt_id])
+            before = client.hidden(p.prompt_id, [2]).hidden.clone()  # leaves a kept-alive connection
+        with pytest.raises(ServerUnreachable):
+            client.hidden(p.prompt_id, [2])
+        with running_server(tiny_target, store, port=port):
+            assert torch.equal(client.hidden(p.prompt_id, [2]).hidden, before)
+        with running_server(tiny_target, store, port=port):  # the kept-alive connection is stale now
+            assert torch.equal(client.hidden(p.prompt_id, [2]).hidden, before)
