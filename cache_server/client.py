@@ -84,6 +84,7 @@ class NotReadyError(ApiError):
         self.retry_after_s = retry_after_s
 
 
+_POLL_ONE_BY_ONE = 32  # above this many pending prompts, wait_ready reads the paged listing instead
 _BY_STATUS: dict[int, type[ApiError]] = {422: InvalidRequestError, 404: NotFoundError, 409: PromptFailedError}
 
 
@@ -173,26 +174,31 @@ class CacheClient:
         items = self.paged("/prompts", "prompts", status.value if status else None)
         return [PromptState.model_validate(p) for p in items]
 
-    def wait_ready(
-        self, prompt_ids: Sequence[str], *, timeout_s: float = 600.0, poll_s: float = 0.2
-    ) -> list[PromptState]:
-        """Poll until every prompt is ready; PromptFailedError on a failure, TimeoutError past the bound."""
+    def wait_ready(self, prompt_ids: Sequence[str], *, timeout_s: float = 600.0, poll_s: float = 0.2) -> None:
+        """Poll until every prompt is ready; PromptFailedError on a failure, TimeoutError past the bound.
+
+        A few prompts are polled one by one; many through the paged listing (1000 per request)."""
         deadline = time.monotonic() + timeout_s
-        pending = list(dict.fromkeys(prompt_ids))
-        done: dict[str, PromptState] = {}
+        pending = set(prompt_ids)
         while pending:
-            for pid in list(pending):
-                state = self.prompt(pid)
+            if len(pending) <= _POLL_ONE_BY_ONE:
+                states = [self.prompt(pid) for pid in pending]
+            else:
+                states = [s for s in self.prompts() if s.prompt_id in pending]
+                unknown = pending - {s.prompt_id for s in states}
+                if unknown:
+                    raise NotFoundError(404, "prompt_not_found", f"prompts not registered: {sorted(unknown)[:5]}")
+            for state in states:
                 if state.status == PromptStatus.failed:
-                    raise PromptFailedError(409, "prompt_failed", f"prompt {pid} failed: {state.error}")
+                    raise PromptFailedError(409, "prompt_failed", f"prompt {state.prompt_id} failed: {state.error}")
                 if state.status == PromptStatus.ready:
-                    done[pid] = state
-                    pending.remove(pid)
+                    pending.discard(state.prompt_id)
             if pending:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{len(pending)} prompts not ready after {timeout_s:.0f} s: {pending[:5]}")
+                    raise TimeoutError(
+                        f"{len(pending)} prompts not ready after {timeout_s:.0f} s: {sorted(pending)[:5]}"
+                    )
                 time.sleep(poll_s)
-        return [done[pid] for pid in dict.fromkeys(prompt_ids)]
 
     # -- tensor endpoints -----------------------------------------------------------------------
 

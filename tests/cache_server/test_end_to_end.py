@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from cache_server.child import free_port, running_server
 from cache_server.client import CacheClient, InvalidRequestError, NotFoundError, ServerUnreachable
+from schemas.prompts import PromptStatus
 from tests.cache_server.reference import direct_layer_outputs
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,8 @@ def test_client_against_a_real_server(tiny_target: Path, tmp_path: Path) -> None
             [{"text": "def fib(n):", "name": "fib"}, {"token_ids": [5, 6, 7]}], max_new_tokens=16
         )
         ids = [p.prompt_id for p in registered]
-        states = client.wait_ready(ids, timeout_s=60)
+        client.wait_ready(ids, timeout_s=60)
+        states = [client.prompt(pid) for pid in ids]
         assert [s.name for s in states] == ["fib", None]
 
         def fetch(layers: tuple[int, ...]) -> torch.Tensor:
@@ -87,3 +89,13 @@ def test_client_survives_a_server_restart(tiny_target: Path, tmp_path: Path) -> 
             assert torch.equal(client.hidden(p.prompt_id, [2]).hidden, before)
         with running_server(tiny_target, store, port=port):  # the kept-alive connection is stale now
             assert torch.equal(client.hidden(p.prompt_id, [2]).hidden, before)
+
+
+def test_wait_ready_on_many_prompts_reads_the_listing(tiny_target: Path, tmp_path: Path) -> None:
+    with running_server(tiny_target, tmp_path / "store") as url, CacheClient(url) as client:
+        ids = [p.prompt_id for p in client.register([{"token_ids": [5, 6, n]} for n in range(40)])]
+        client.wait_ready(ids, timeout_s=60)
+        states = client.prompts()
+        assert len(states) == 40 and {s.status for s in states} == {PromptStatus.ready}
+        with pytest.raises(NotFoundError, match="not registered"):
+            client.wait_ready([*ids, "nope"], timeout_s=5)
