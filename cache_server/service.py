@@ -59,6 +59,7 @@ class HiddenStateService:
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-writer")
         self._thread = threading.Thread(target=self._compute_loop, name="target-compute", daemon=True)
+        self._stopping = threading.Event()
 
     def start(self) -> None:
         """Start computing, first re-queuing whatever was registered but never published."""
@@ -68,8 +69,11 @@ class HiddenStateService:
                 self._schedule(reg.prompt_id, self.capture_layers)
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=60)
+        """Finish the batch in hand and stop; queued prompts stay registered and resume on restart."""
+        self._stopping.set()
+        self._queue.put(None)  # wakes the compute thread if it waits for work
+        if self._thread.is_alive():
+            self._thread.join()
         self._writers.shutdown(wait=True)
         self.store.close()
 
@@ -205,7 +209,7 @@ class HiddenStateService:
     def _compute_loop(self) -> None:
         while True:
             job = self._queue.get()
-            if job is None:
+            if job is None or self._stopping.is_set():
                 return
             batch, tokens = [job], self._token_estimate(job)
             while tokens < self._batch_tokens:

@@ -55,3 +55,15 @@ def test_prompt_interrupted_before_publish_is_recomputed(tiny_target: Path, tmp_
         assert client.get(f"/prompts/{pid}").json()["layers_stored"] == list(range(6))
     ref = direct_layer_outputs(tiny_target, TOKENS)
     assert torch.equal(hidden, torch.cat([ref[0], ref[5]], dim=1))
+
+
+def test_shutdown_with_a_queue_loses_nothing_and_computes_nothing_twice(tiny_target: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    body = {"prompts": [{"token_ids": [5, 6, n]} for n in range(12)], "generate": {"max_new_tokens": 40}}
+    with app_client(tiny_target, store, batch_tokens=64) as client:  # small batches: the queue is long
+        ids = [p["prompt_id"] for p in client.post("/prompts", json=body).json()["prompts"]]
+    published = len(list(store.rglob("manifest.json")))  # the batch in hand finished; the rest waits
+    with app_client(tiny_target, store) as client:
+        for pid in ids:
+            assert len(get_hidden(client, pid, "3")[0]["token_ids"]) == 43
+        assert metric(client, COMPUTED) == len(ids) - published
