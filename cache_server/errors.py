@@ -14,6 +14,7 @@ CacheServerError
 ├── PromptNotReady          still computing after the bounded wait (503 + Retry-After)
 ├── PromptFailed            the target failed on this prompt (409)
 ├── JobFailed               the job failed, so it will never have a report (409)
+├── JobRunning              a running job cannot be deleted (409)
 └── LeaseLost               a worker quoted a lease the job no longer holds (409)
 """
 
@@ -112,3 +113,9 @@ class LeaseLost(CacheServerError):
     """The lease a worker quoted is no longer the job's: it expired and was claimed again, or ended."""
 
     code = "lease_lost"
+
+
+class JobRunning(CacheServerError):
+    """A running job cannot be deleted; it can once it is done or failed."""
+
+    code = "job_running"

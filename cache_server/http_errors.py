@@ -14,6 +14,7 @@ from cache_server.errors import (
     InvalidRequest,
     JobFailed,
     JobNotFound,
+    JobRunning,
     JobsDisabled,
     LeaseLost,
     PromptFailed,
@@ -36,6 +37,7 @@ STATUS_BY_ERROR: dict[type[CacheServerError], int] = {
     PromptNotReady: 503,
     PromptFailed: 409,
     JobFailed: 409,
+    JobRunning: 409,
     LeaseLost: 409,
 }
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cache_server.errors import JobFailed, JobNotFound, LeaseLost, ReportNotReady
+from cache_server.errors import JobFailed, JobNotFound, JobRunning, LeaseLost, ReportNotReady
 from schemas.jobs import JobPage, JobState, JobStatus, JobSubmit
 
 SCHEMA_VERSION = 1
@@ -185,6 +185,14 @@ class JobStore:
                 (*args, limit, offset),
             ).fetchall()
         return JobPage(jobs=[_state(r) for r in rows], total=total, offset=offset, limit=limit)
+
+    def delete(self, job_id: str) -> None:
+        """Remove a job that is not running, with its report (one transaction: no claim slips in)."""
+        with self._write() as c:
+            self._fail_exhausted(c)
+            if self._row(c, job_id, "status")["status"] == JobStatus.running:
+                raise JobRunning(f"job {job_id} is running; it can be deleted once it is done or failed")
+            c.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
 
     def report(self, job_id: str) -> str:
         """The stored EvalReport JSON of a done job."""

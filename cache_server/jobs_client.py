@@ -101,6 +101,10 @@ class JobsClient:
         items = self.client.paged("/jobs", "jobs", status.value if status else None)
         return [JobState.model_validate(j) for j in items]
 
+    def delete(self, job_id: str) -> None:
+        """Remove a job that is not running, with its report (409 job_running otherwise)."""
+        self._call("DELETE", f"/jobs/{job_id}")
+
     def report(self, job_id: str) -> EvalReport:
         """The report of a done job; ReportNotReadyError before, JobFailedError if it failed."""
         text = self._call("GET", f"/jobs/{job_id}/report").text

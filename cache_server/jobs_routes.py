@@ -81,6 +81,12 @@ def job_state(job_id: str, jobs: JobsDep) -> JobState:
     return jobs.get(job_id)
 
 
+@jobs_router.delete("/{job_id}", status_code=204, dependencies=[WriteAccess])
+def delete(job_id: str, jobs: JobsDep) -> Response:
+    jobs.delete(job_id)
+    return Response(status_code=204)
+
+
 @jobs_router.get("/{job_id}/report")
 def report(job_id: str, jobs: JobsDep) -> Response:
     return Response(content=jobs.report(job_id), media_type="application/json")

@@ -44,6 +44,7 @@ def test_writes_without_the_token_are_refused(served, headers: dict) -> None:  #
         assert r.status_code == 401, (path, r.text)
         assert r.json()["error"]["code"] == "unauthorized"
         assert r.headers["WWW-Authenticate"] == "Bearer"
+    assert client.delete("/jobs/any", headers=headers).status_code == 401
     assert client.get("/jobs").json()["total"] == before
 
 

@@ -197,3 +197,19 @@ def test_serve_refuses_a_missing_checkpoint_root(tmp_path: Path, capsys: pytest.
     assert main(args) == 2
     assert "is not an existing directory" in capsys.readouterr().err
     assert main(["serve", "--model", str(tmp_path), "--store", str(tmp_path), "--job-max-attempts", "0"]) == 2
+
+
+def test_jobs_are_deleted_unless_running(served) -> None:  # type: ignore[no-untyped-def]
+    client, _, pids = served
+    _drain(client)
+    queued = client.post("/jobs", json={"checkpoint": "hf", "prompts": pids[:1]}).json()["job_id"]
+    running = client.post("/jobs", json={"checkpoint": "hf", "prompts": pids[:1]}).json()["job_id"]
+    assert client.delete(f"/jobs/{queued}").status_code == 204
+    _error(client.get(f"/jobs/{queued}"), 404, "job_not_found")
+    claim = client.post("/jobs/claim", json={"worker": "w", "lease_s": 60}).json()
+    assert claim["job"]["job_id"] == running  # the deleted job is never claimed
+    assert "running" in _error(client.delete(f"/jobs/{running}"), 409, "job_running")
+    client.post(f"/jobs/{running}/complete", json={"lease": claim["lease"], "report": report_body()})
+    assert client.delete(f"/jobs/{running}").status_code == 204  # done: removed with its report
+    _error(client.get(f"/jobs/{running}/report"), 404, "job_not_found")
+    _error(client.delete("/jobs/nope"), 404, "job_not_found")

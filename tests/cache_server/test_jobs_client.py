@@ -101,3 +101,5 @@ def test_a_job_through_a_real_server(tiny_target: Path, tmp_path: Path) -> None:
         with pytest.raises(JobFailedError, match="bad fc"):
             jobs.report(refused.job_id)
         assert outsider.wait(refused.job_id, 5, 0.05).status == JobStatus.failed
+        jobs.delete(refused.job_id)
+        assert [j.job_id for j in jobs.jobs()] == [job.job_id]
