@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cache
-
 from safetensors.torch import save
 
 from cache_server.dtypes import dtype_name
@@ -11,9 +9,8 @@ from cache_server.target import Target
 from schemas.hidden import EMBED_TENSOR, LM_HEAD_TENSOR
 
 
-@cache
 def heads_body(target: Target) -> bytes:
-    """Serialised once per target: the heads never change while it is loaded."""
+    """The safetensors body of a target's heads (the service serialises it once)."""
     embed, lm_head = target.heads()
     return save(
         {

@@ -72,7 +72,7 @@ def claim(body: ClaimRequest, jobs: JobsDep, service: ServiceDep) -> Claim | Res
     if leased is None:
         return Response(status_code=204)
     job = leased.job
-    ids = job.prompts if isinstance(job.prompts, list) else [r.prompt_id for r in service.registry.all()]
+    ids = job.prompts if isinstance(job.prompts, list) else service.evaluable_prompt_ids()
     return Claim(job=job, lease=leased.lease, prompt_ids=ids)
 
 

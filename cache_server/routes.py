@@ -10,7 +10,6 @@ from starlette.concurrency import run_in_threadpool
 from cache_server.auth import WriteAccess
 from cache_server.dtypes import dtype_name
 from cache_server.errors import InvalidLayers
-from cache_server.heads_body import heads_body
 from cache_server.hidden_body import hidden_body, token_range
 from cache_server.service import HiddenStateService
 from schemas.model import ModelInfo
@@ -94,7 +93,7 @@ async def hidden(
 
 @router.get("/target/heads")
 async def target_heads(service: ServiceDep) -> Response:
-    return Response(content=await run_in_threadpool(heads_body, service.target), media_type=SAFETENSORS)
+    return Response(content=await run_in_threadpool(lambda: service.heads), media_type=SAFETENSORS)
 
 
 @router.get("/metrics")

@@ -15,10 +15,12 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
 from cache_server.errors import InvalidLayers, PromptFailed, PromptNotFound, PromptNotReady
+from cache_server.heads_body import heads_body
 from cache_server.metrics import Metrics
 from cache_server.registry import Registration, Registry, prompt_id_for
 from cache_server.store import HiddenStore, PromptManifest
@@ -147,6 +149,18 @@ class HiddenStateService:
             regs = [r for r in regs if self._status(r.prompt_id) == status]
         states = [self.state(r.prompt_id, with_tokens=False) for r in regs[offset : offset + limit]]
         return PromptPage(prompts=states, total=len(regs), offset=offset, limit=limit)
+
+    def evaluable_prompt_ids(self) -> list[str]:
+        """What a job's `prompts: "all"` means: every registered prompt the target has not failed on
+        (as `eval-worker evaluate --all-prompts` takes them)."""
+        with self._lock:
+            failed = set(self._failed)
+        return [r.prompt_id for r in self.registry.all() if r.prompt_id not in failed]
+
+    @cached_property
+    def heads(self) -> bytes:
+        """`GET /target/heads`, serialised once: the heads never change while the target is loaded."""
+        return heads_body(self.target)
 
     def _registered(self, prompt_id: str) -> Registration:
         reg = self.registry.get(prompt_id)

@@ -36,7 +36,7 @@ class JobSubmit(BaseModel):
     model_config = ConfigDict(extra="forbid")
     checkpoint: str = Field(min_length=1, max_length=4096, description="path inside --checkpoint-root")
     prompts: Literal["all"] | list[str] = Field(
-        default="all", description='"all": every prompt registered for the target when the job is claimed'
+        default="all", description='"all": every prompt registered (and not failed) when the job is claimed'
     )
     tree_budgets: list[int] = Field(default_factory=list, max_length=64)
     target_layer_ids: list[int] | None = Field(default=None, min_length=1, max_length=256)
@@ -118,7 +118,7 @@ class Claim(BaseModel):
     job: JobState
     lease: str
     prompt_ids: list[str] = Field(
-        description="the job's prompt ids; for 'all', every prompt registered when the job was claimed"
+        description="the job's prompt ids; for 'all', every prompt registered (and not failed) when the job was claimed"
     )
 
 
