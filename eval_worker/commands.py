@@ -111,7 +111,9 @@ def submit(args: argparse.Namespace) -> int:
         state = _submit(jobs, args, _job_path(args.checkpoint, settings.checkpoint_root), args.prompts or "all")
         if not args.wait:
             return 0
-        final = jobs.wait(state.job_id, timeout_s=settings.timeout_s * 6, poll_s=1.0)
+        # No deadline: every job ends (done, or failed once its attempts are spent) while a worker runs.
+        print("waiting for a worker (eval-worker serve) to finish it...", flush=True)
+        final = jobs.wait(state.job_id, timeout_s=float("inf"), poll_s=1.0)
         if final.status == JobStatus.failed:
             print(f"job {final.job_id} failed after {final.attempts} attempts: {final.error}")
             return EXIT_JOB_FAILED
