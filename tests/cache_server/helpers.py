@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import httpx
 from fastapi.testclient import TestClient
 
 from cache_server.app import create_app
@@ -43,3 +44,18 @@ def register_ready(client: TestClient, prompts: list[dict], generate: int | None
     for pid in ids:  # /hidden waits for pending prompts, so one call per prompt makes it ready
         client.get("/hidden", params={"prompt_id": pid, "layers": str(layer)})
     return ids
+
+
+def error_message(response, status: int, code: str | None = None) -> str:  # type: ignore[no-untyped-def]
+    """The message of an `{"error": {"code", "message"}}` body, after checking status, shape and code."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}
+    if code is not None:
+        assert body["error"]["code"] == code
+    return str(body["error"]["message"])
+
+
+def error_response(status: int, code: str, headers: dict[str, str] | None = None) -> httpx.Response:
+    """What the server sends for an error, for clients tested over httpx.MockTransport."""
+    return httpx.Response(status, json={"error": {"code": code, "message": f"{code} happened"}}, headers=headers)

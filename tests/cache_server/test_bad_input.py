@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from cache_server.app import build_service, create_app
 from cache_server.service import HiddenStateService
 from cache_server.settings import ServeSettings
-from tests.cache_server.helpers import app_client, get_hidden, register_ready, serve_settings
+from tests.cache_server.helpers import app_client, error_message, get_hidden, register_ready, serve_settings
 
 TOKENS = [5, 17, 300, 42, 9, 120, 77, 3, 250, 11, 64, 65]
 
@@ -22,13 +22,6 @@ def served(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory):  # type
     with app_client(tiny_target, tmp_path_factory.mktemp("store")) as client:
         [pid] = register_ready(client, [{"token_ids": TOKENS}])
         yield client, pid, get_hidden(client, pid, "0,1,2,3,4,5")[0]["hidden"].clone()
-
-
-def _error(response, status: int) -> str:  # type: ignore[no-untyped-def]
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}
-    return str(body["error"]["message"])
 
 
 @pytest.mark.parametrize(
@@ -52,12 +45,12 @@ def _error(response, status: int) -> str:  # type: ignore[no-untyped-def]
 )
 def test_bad_registrations(served, body: dict, needle: str) -> None:  # type: ignore[no-untyped-def]
     client, _, _ = served
-    assert needle in _error(client.post("/prompts", json=body), 422)
+    assert needle in error_message(client.post("/prompts", json=body), 422)
 
 
 def test_malformed_json(served) -> None:  # type: ignore[no-untyped-def]
     client, _, _ = served
-    _error(client.post("/prompts", content=b"{not json", headers={"content-type": "application/json"}), 422)
+    error_message(client.post("/prompts", content=b"{not json", headers={"content-type": "application/json"}), 422)
 
 
 @pytest.mark.parametrize(
@@ -76,14 +69,14 @@ def test_malformed_json(served) -> None:  # type: ignore[no-untyped-def]
 )
 def test_bad_layer_requests(served, params: dict, needle: str) -> None:  # type: ignore[no-untyped-def]
     client, pid, _ = served
-    assert needle in _error(client.get("/hidden", params={"prompt_id": pid, **params}), 422)
+    assert needle in error_message(client.get("/hidden", params={"prompt_id": pid, **params}), 422)
 
 
 def test_unknown_prompt_and_route(served) -> None:  # type: ignore[no-untyped-def]
     client, _, _ = served
-    assert "no prompt" in _error(client.get("/hidden", params={"prompt_id": "nope", "layers": "1"}), 404)
-    _error(client.get("/prompts/nope"), 404)
-    _error(client.get("/no-such-route"), 404)
+    assert "no prompt" in error_message(client.get("/hidden", params={"prompt_id": "nope", "layers": "1"}), 404)
+    error_message(client.get("/prompts/nope"), 404)
+    error_message(client.get("/no-such-route"), 404)
 
 
 def test_server_still_serves_the_same_bytes_afterwards(served) -> None:  # type: ignore[no-untyped-def]
@@ -115,7 +108,7 @@ def test_pending_prompt_gets_503_with_retry_after_then_data(tiny_target: Path, t
     with TestClient(app) as client:
         pid = client.post("/prompts", json={"prompts": [{"token_ids": TOKENS}]}).json()["prompts"][0]["prompt_id"]
         r = client.get("/hidden", params={"prompt_id": pid, "layers": "1"})
-        assert "still being computed" in _error(r, 503)
+        assert "still being computed" in error_message(r, 503)
         assert int(r.headers["Retry-After"]) > 0
         assert client.get(f"/prompts/{pid}").json()["status"] == "pending"
         build.gate.set()

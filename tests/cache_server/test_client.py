@@ -16,23 +16,20 @@ from cache_server.client import (
     ProtocolError,
 )
 from cache_server.wire import TensorSpec, frame
+from tests.cache_server.helpers import error_response
 
 
 def _client(handler) -> CacheClient:  # type: ignore[no-untyped-def]
     return CacheClient("http://test", transport=httpx.MockTransport(handler))
 
 
-def _error(status: int, code: str, headers: dict[str, str] | None = None) -> httpx.Response:
-    return httpx.Response(status, json={"error": {"code": code, "message": f"{code} happened"}}, headers=headers)
-
-
 @pytest.mark.parametrize(
     ("response", "exc"),
     [
-        (_error(422, "invalid_layers"), InvalidRequestError),
-        (_error(404, "prompt_not_found"), NotFoundError),
-        (_error(409, "prompt_failed"), PromptFailedError),
-        (_error(500, "internal_error"), ApiError),
+        (error_response(422, "invalid_layers"), InvalidRequestError),
+        (error_response(404, "prompt_not_found"), NotFoundError),
+        (error_response(409, "prompt_failed"), PromptFailedError),
+        (error_response(500, "internal_error"), ApiError),
         (httpx.Response(502, text="<html>bad gateway</html>"), ProtocolError),
     ],
 )
@@ -42,7 +39,7 @@ def test_error_bodies_become_typed_exceptions(response: httpx.Response, exc: typ
 
 
 def test_not_ready_carries_retry_after() -> None:
-    client = _client(lambda _: _error(503, "prompt_not_ready", {"Retry-After": "7"}))
+    client = _client(lambda _: error_response(503, "prompt_not_ready", {"Retry-After": "7"}))
     with client, pytest.raises(NotReadyError) as info:
         client.hidden("p", [1])
     assert info.value.retry_after_s == 7

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cache_server.cli import main
-from tests.cache_server.helpers import app_client
+from tests.cache_server.helpers import app_client, error_message
 from tests.cache_server.jobs_helpers import checkpoint_tree, report_body
 
 TOKENS = [5, 17, 300, 42, 9]
@@ -20,14 +20,6 @@ def served(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory):  # type
     with app_client(tiny_target, tmp_path_factory.mktemp("store"), checkpoint_root=root) as client:
         r = client.post("/prompts", json={"prompts": [{"token_ids": TOKENS}, {"token_ids": TOKENS[:3]}]})
         yield client, root, [p["prompt_id"] for p in r.json()["prompts"]]
-
-
-def _error(response, status: int, code: str | None = None) -> str:  # type: ignore[no-untyped-def]
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    if code is not None:
-        assert error["code"] == code
-    return str(error["message"])
 
 
 def _drain(client: TestClient) -> None:
@@ -81,7 +73,7 @@ def test_submit_and_read_back(served) -> None:  # type: ignore[no-untyped-def]
 def test_bad_checkpoint_paths(served, checkpoint: str, needle: str) -> None:  # type: ignore[no-untyped-def]
     client, _, _ = served
     before = client.get("/jobs").json()["total"]
-    message = _error(client.post("/jobs", json={"checkpoint": checkpoint}), 422, "invalid_checkpoint_path")
+    message = error_message(client.post("/jobs", json={"checkpoint": checkpoint}), 422, "invalid_checkpoint_path")
     assert needle in message
     assert client.get("/jobs").json()["total"] == before
 
@@ -105,13 +97,13 @@ def test_bad_checkpoint_paths(served, checkpoint: str, needle: str) -> None:  # 
 )
 def test_bad_submissions(served, extra: dict, needle: str) -> None:  # type: ignore[no-untyped-def]
     client, _, _ = served
-    assert needle in _error(client.post("/jobs", json={"checkpoint": "hf", **extra}), 422)
+    assert needle in error_message(client.post("/jobs", json={"checkpoint": "hf", **extra}), 422)
 
 
 def test_unknown_prompt_ids_are_named(served) -> None:  # type: ignore[no-untyped-def]
     client, _, pids = served
     r = client.post("/jobs", json={"checkpoint": "hf", "prompts": [pids[0], "nope1", "nope2"]})
-    message = _error(r, 422, "unknown_prompts")
+    message = error_message(r, 422, "unknown_prompts")
     assert "'nope1', 'nope2'" in message and pids[0] not in message
 
 
@@ -119,7 +111,7 @@ def test_a_worker_claims_completes_and_the_report_is_served(served) -> None:  # 
     client, root, pids = served
     _drain(client)
     job_id = client.post("/jobs", json={"checkpoint": "inner.pt"}).json()["job_id"]
-    assert _error(client.get(f"/jobs/{job_id}/report"), 404, "report_not_ready")
+    assert error_message(client.get(f"/jobs/{job_id}/report"), 404, "report_not_ready")
 
     r = client.post("/jobs/claim", json={"worker": "gpu-0", "lease_s": 30})
     assert r.status_code == 200, r.text
@@ -132,15 +124,15 @@ def test_a_worker_claims_completes_and_the_report_is_served(served) -> None:  # 
     renewed = client.post(f"/jobs/{job_id}/renew", json={"lease": claim["lease"], "lease_s": 120})
     assert renewed.status_code == 200 and renewed.json()["lease_expires_at"] > claim["job"]["lease_expires_at"]
     bad_report = {"lease": claim["lease"], "report": {"checkpoint_path": "x"}}
-    _error(client.post(f"/jobs/{job_id}/complete", json=bad_report), 422)
+    error_message(client.post(f"/jobs/{job_id}/complete", json=bad_report), 422)
     assert client.get(f"/jobs/{job_id}").json()["status"] == "running"  # a refused report changes nothing
     wrong = {"lease": "not-the-lease", "report": report_body("thief")}
-    _error(client.post(f"/jobs/{job_id}/complete", json=wrong), 409, "lease_lost")
+    error_message(client.post(f"/jobs/{job_id}/complete", json=wrong), 409, "lease_lost")
 
     done = client.post(f"/jobs/{job_id}/complete", json={"lease": claim["lease"], "report": report_body("gpu-0")})
     assert done.status_code == 200 and done.json()["status"] == "done"
     again = {"lease": claim["lease"], "report": report_body("late")}
-    _error(client.post(f"/jobs/{job_id}/complete", json=again), 409, "lease_lost")
+    error_message(client.post(f"/jobs/{job_id}/complete", json=again), 409, "lease_lost")
     report = client.get(f"/jobs/{job_id}/report")
     assert report.status_code == 200 and report.json() == report_body("gpu-0")
     assert [j["job_id"] for j in client.get("/jobs", params={"status": "done"}).json()["jobs"]][-1] == job_id
@@ -154,19 +146,19 @@ def test_a_refused_checkpoint_fails_the_job_without_retries(served) -> None:  # 
     body = {"lease": claim["lease"], "error": "CheckpointRefused: no fc.weight", "retryable": False}
     failed = client.post(f"/jobs/{job_id}/fail", json=body).json()
     assert (failed["status"], failed["attempts"], failed["error"]) == ("failed", 1, body["error"])
-    assert "no fc.weight" in _error(client.get(f"/jobs/{job_id}/report"), 409, "job_failed")
+    assert "no fc.weight" in error_message(client.get(f"/jobs/{job_id}/report"), 409, "job_failed")
     assert client.post("/jobs/claim", json={"worker": "w", "lease_s": 30}).status_code == 204
     assert job_id in [j["job_id"] for j in client.get("/jobs", params={"status": "failed"}).json()["jobs"]]
 
 
 def test_unknown_jobs_and_bad_worker_bodies(served) -> None:  # type: ignore[no-untyped-def]
     client, _, _ = served
-    _error(client.get("/jobs/nope"), 404, "job_not_found")
-    _error(client.get("/jobs/nope/report"), 404, "job_not_found")
-    _error(client.post("/jobs/nope/renew", json={"lease": "x"}), 404, "job_not_found")
-    _error(client.post("/jobs/claim", json={"worker": "", "lease_s": 30}), 422)
-    _error(client.post("/jobs/claim", json={"worker": "w", "lease_s": 0}), 422)
-    _error(client.get("/jobs", params={"status": "lost"}), 422)
+    error_message(client.get("/jobs/nope"), 404, "job_not_found")
+    error_message(client.get("/jobs/nope/report"), 404, "job_not_found")
+    error_message(client.post("/jobs/nope/renew", json={"lease": "x"}), 404, "job_not_found")
+    error_message(client.post("/jobs/claim", json={"worker": "", "lease_s": 30}), 422)
+    error_message(client.post("/jobs/claim", json={"worker": "w", "lease_s": 0}), 422)
+    error_message(client.get("/jobs", params={"status": "lost"}), 422)
 
 
 def test_without_a_checkpoint_root_jobs_are_refused_but_kept(  # type: ignore[no-untyped-def]
@@ -177,7 +169,7 @@ def test_without_a_checkpoint_root_jobs_are_refused_but_kept(  # type: ignore[no
     with app_client(tiny_target, store, checkpoint_root=root) as client:
         job_id = client.post("/jobs", json={"checkpoint": "hf"}).json()["job_id"]
     with app_client(tiny_target, store) as client:  # restarted without --checkpoint-root
-        message = _error(client.post("/jobs", json={"checkpoint": "hf"}), 403, "jobs_disabled")
+        message = error_message(client.post("/jobs", json={"checkpoint": "hf"}), 403, "jobs_disabled")
         assert "--checkpoint-root" in message
         assert client.get(f"/jobs/{job_id}").json()["status"] == "queued"  # survived the restart
         assert client.post("/jobs/claim", json={"worker": "w", "lease_s": 5}).json()["job"]["job_id"] == job_id
@@ -205,11 +197,11 @@ def test_jobs_are_deleted_unless_running(served) -> None:  # type: ignore[no-unt
     queued = client.post("/jobs", json={"checkpoint": "hf", "prompts": pids[:1]}).json()["job_id"]
     running = client.post("/jobs", json={"checkpoint": "hf", "prompts": pids[:1]}).json()["job_id"]
     assert client.delete(f"/jobs/{queued}").status_code == 204
-    _error(client.get(f"/jobs/{queued}"), 404, "job_not_found")
+    error_message(client.get(f"/jobs/{queued}"), 404, "job_not_found")
     claim = client.post("/jobs/claim", json={"worker": "w", "lease_s": 60}).json()
     assert claim["job"]["job_id"] == running  # the deleted job is never claimed
-    assert "running" in _error(client.delete(f"/jobs/{running}"), 409, "job_running")
+    assert "running" in error_message(client.delete(f"/jobs/{running}"), 409, "job_running")
     client.post(f"/jobs/{running}/complete", json={"lease": claim["lease"], "report": report_body()})
     assert client.delete(f"/jobs/{running}").status_code == 204  # done: removed with its report
-    _error(client.get(f"/jobs/{running}/report"), 404, "job_not_found")
-    _error(client.delete("/jobs/nope"), 404, "job_not_found")
+    error_message(client.get(f"/jobs/{running}/report"), 404, "job_not_found")
+    error_message(client.delete("/jobs/nope"), 404, "job_not_found")

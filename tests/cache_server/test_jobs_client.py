@@ -19,6 +19,7 @@ from cache_server.jobs_client import (
 )
 from schemas.jobs import JobStatus
 from schemas.report import EvalReport
+from tests.cache_server.helpers import error_response
 from tests.cache_server.jobs_helpers import checkpoint_tree, report_body
 
 
@@ -26,19 +27,15 @@ def _jobs(handler, token: str | None = None) -> JobsClient:  # type: ignore[no-u
     return JobsClient(CacheClient("http://test", transport=httpx.MockTransport(handler), token=token))
 
 
-def _error(status: int, code: str) -> httpx.Response:
-    return httpx.Response(status, json={"error": {"code": code, "message": f"{code} happened"}})
-
-
 @pytest.mark.parametrize(
     ("response", "exc"),
     [
-        (_error(409, "lease_lost"), LeaseLostError),
-        (_error(409, "job_failed"), JobFailedError),
-        (_error(404, "report_not_ready"), ReportNotReadyError),
-        (_error(401, "unauthorized"), UnauthorizedError),
-        (_error(404, "job_not_found"), NotFoundError),
-        (_error(409, "something_else"), ApiError),
+        (error_response(409, "lease_lost"), LeaseLostError),
+        (error_response(409, "job_failed"), JobFailedError),
+        (error_response(404, "report_not_ready"), ReportNotReadyError),
+        (error_response(401, "unauthorized"), UnauthorizedError),
+        (error_response(404, "job_not_found"), NotFoundError),
+        (error_response(409, "something_else"), ApiError),
     ],
 )
 def test_error_codes_become_typed_exceptions(response: httpx.Response, exc: type[Exception]) -> None:
