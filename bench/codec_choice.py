@@ -1,7 +1,7 @@
 """Compare lossless codecs on one LLM-like bf16 layer: ratio, encode GB/s, decode GB/s.
 
 Run from the repository root: `.venv/bin/python -m bench.codec_choice [--tokens 2048] [--hidden 2048]`.
-The numbers feed the codec choice in `cache_server/arrays.py`. Codecs run single-threaded, as zarr runs
+The numbers feed the codec choice in `cache_server/store/chunks.py`. Codecs run single-threaded, as zarr runs
 them (zarr sets `numcodecs.blosc.use_threads = False` and parallelises over chunks instead).
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from bench.activations import activation_like
-from cache_server.dtypes import tensor_to_storage
+from cache_server.torch_utils import as_numpy
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     numcodecs.blosc.use_threads = False
-    raw = tensor_to_storage(activation_like(args.tokens, args.hidden, torch.bfloat16, seed=0))  # uint16 bits
+    raw = as_numpy(activation_like(args.tokens, args.hidden, torch.bfloat16, seed=0)).view(np.uint16)  # bf16 bits
     print(f"layer [{args.tokens}, {args.hidden}] bf16 = {raw.nbytes / 2**20:.1f} MiB, best of {args.repeats}")
     print(f"{'codec':<40} {'ratio':>6} {'enc GB/s':>9} {'dec GB/s':>9}")
     for name, codec in candidates():

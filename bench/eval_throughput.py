@@ -27,12 +27,14 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
-from cache_server.tiny_model import SPARE_ROWS, build_tiny_model
-from eval_worker import DFlashDrafter, chain_round_taus, default_layer_ids, draft_anchors, draft_block, tree_round_taus
-from eval_worker.acceptance import DraftLookup
-from eval_worker.live_loop import target_heads
-from eval_worker.taps import target_forward
-from eval_worker.train_tiny import Sequences, TinyTrainer, tiny_drafter_config
+from cache_server.capture.tiny_model import SPARE_ROWS, build_tiny_model
+from eval_worker.checkpoints.layer_ids import default_layer_ids
+from eval_worker.drafters.batched import draft_anchors
+from eval_worker.drafters.model import DFlashDrafter, draft_block
+from eval_worker.scoring.acceptance import DraftLookup, chain_round_taus, tree_round_taus
+from tests.support.live_loop import target_heads
+from tests.support.taps import target_forward
+from tests.support.tiny_trainer import Sequences, TinyTrainer, tiny_drafter_config
 
 R = TypeVar("R")
 Taus = list[tuple[list[int], list[int]]]  # per prompt: (chain round taus, tree round taus)

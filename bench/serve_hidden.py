@@ -37,18 +37,18 @@ from fastapi import Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from bench.activations import activation_like
-from cache_server.app import create_app
-from cache_server.child import free_port, running_child
+from cache_server.api.app import create_app
+from cache_server.capture.target import TargetInfo
 from cache_server.client import CacheClient
-from cache_server.dtypes import TORCH_DTYPES as DTYPES
-from cache_server.hidden_body import hidden_body
-from cache_server.metrics import Metrics
-from cache_server.registry import Registration, Registry, prompt_id_for
-from cache_server.service import HiddenStateService
+from cache_server.compute.bodies import hidden_body
+from cache_server.compute.metrics import Metrics
+from cache_server.compute.registry import Registration, Registry, prompt_id_for
+from cache_server.compute.service import HiddenStateService
 from cache_server.settings import ServeSettings
-from cache_server.store import HiddenStore
-from cache_server.target import TargetInfo
-from cache_server.wire import parse
+from cache_server.store.hidden_store import HiddenStore
+from cache_server.torch_utils import TORCH_DTYPES as DTYPES
+from schemas.safetensors_frame import parse
+from tests.support.servers import free_port, running_child
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_LAYERS = 64
@@ -77,7 +77,7 @@ def fixture_info(hidden: int, dtype: str) -> TargetInfo:
         num_layers=FIXTURE_LAYERS,
         hidden_size=hidden,
         vocab_size=32000,
-        max_positions=1 << 20,
+        max_position_embeddings=1 << 20,
         dtype=DTYPES[dtype],
     )
 

@@ -1,35 +1,7 @@
 """Run a target LLM once per prompt, keep every decoder layer's output in Zarr, serve any layer set.
 
-What other packages may import: the HTTP clients and their errors. The server itself is started
-with `cache-server serve` (`cache_server.app.create_app` for tests).
+The data path, one subpackage per step: `capture/` (the target's forward) -> `compute/` (what to
+compute, once) -> `store/` (Zarr) -> `api/` (HTTP) ; `jobs/` queues checkpoint evaluations.
+Other packages import only `cache_server.client` (light: no torch) and, for torch device and dtype
+choice, `cache_server.torch_utils`. The server starts with `cache-server serve`.
 """
-
-from cache_server.client import (
-    ApiError,
-    CacheClient,
-    CacheClientError,
-    InvalidRequestError,
-    NotFoundError,
-    NotReadyError,
-    PromptFailedError,
-    ProtocolError,
-    ServerUnreachable,
-)
-from cache_server.jobs_client import JobFailedError, JobsClient, LeaseLostError, ReportNotReadyError, UnauthorizedError
-
-__all__ = [
-    "ApiError",
-    "CacheClient",
-    "CacheClientError",
-    "InvalidRequestError",
-    "JobFailedError",
-    "JobsClient",
-    "LeaseLostError",
-    "NotFoundError",
-    "NotReadyError",
-    "PromptFailedError",
-    "ProtocolError",
-    "ReportNotReadyError",
-    "ServerUnreachable",
-    "UnauthorizedError",
-]

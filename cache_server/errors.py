@@ -1,4 +1,5 @@
-"""Errors the cache server raises for callers; `http_errors.py` maps each to one HTTP status.
+"""Errors the cache server raises for callers. Each carries one `ErrorCode`, and with it its HTTP
+status (`schemas/errors.py`); `api/error_handlers.py` turns them into error bodies.
 
 CacheServerError
 ├── InvalidRequest          bad input the caller can fix (422)
@@ -20,41 +21,43 @@ CacheServerError
 
 from __future__ import annotations
 
+from schemas.errors import ErrorCode
+
 
 class CacheServerError(Exception):
     """Base of every error the server reports as data."""
 
-    code = "error"
+    code: ErrorCode = ErrorCode.internal_error
 
 
 class InvalidRequest(CacheServerError):
     """Bad input the caller can fix."""
 
-    code = "invalid_request"
+    code = ErrorCode.invalid_request
 
 
 class InvalidPrompt(InvalidRequest):
     """A prompt that cannot be tokenized, is too long, or has ids outside the vocabulary."""
 
-    code = "invalid_prompt"
+    code = ErrorCode.invalid_prompt
 
 
 class InvalidLayers(InvalidRequest):
     """A layer list or token range outside what the target has."""
 
-    code = "invalid_layers"
+    code = ErrorCode.invalid_layers
 
 
 class PromptNotFound(CacheServerError):
     """No prompt with that id is registered for this target."""
 
-    code = "prompt_not_found"
+    code = ErrorCode.prompt_not_found
 
 
 class PromptNotReady(CacheServerError):
     """The prompt is still being computed after the bounded wait."""
 
-    code = "prompt_not_ready"
+    code = ErrorCode.prompt_not_ready
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
@@ -64,58 +67,58 @@ class PromptNotReady(CacheServerError):
 class PromptFailed(CacheServerError):
     """The target failed to compute this prompt; the error says why."""
 
-    code = "prompt_failed"
+    code = ErrorCode.prompt_failed
 
 
 class UnknownPrompts(InvalidRequest):
     """A job names prompt ids that are not registered for the target."""
 
-    code = "unknown_prompts"
+    code = ErrorCode.unknown_prompts
 
 
 class InvalidCheckpointPath(InvalidRequest):
     """A job's checkpoint resolves outside the checkpoint root, does not exist or is not a checkpoint."""
 
-    code = "invalid_checkpoint_path"
+    code = ErrorCode.invalid_checkpoint_path
 
 
 class Unauthorized(CacheServerError):
     """A write request without the bearer token the server was started with."""
 
-    code = "unauthorized"
+    code = ErrorCode.unauthorized
 
 
 class JobsDisabled(CacheServerError):
     """Jobs cannot be submitted because the server has no checkpoint root."""
 
-    code = "jobs_disabled"
+    code = ErrorCode.jobs_disabled
 
 
 class JobNotFound(CacheServerError):
     """No job with that id."""
 
-    code = "job_not_found"
+    code = ErrorCode.job_not_found
 
 
 class ReportNotReady(CacheServerError):
     """The job is queued or running; its report does not exist yet."""
 
-    code = "report_not_ready"
+    code = ErrorCode.report_not_ready
 
 
 class JobFailed(CacheServerError):
     """The job failed for good; the message carries its last error."""
 
-    code = "job_failed"
+    code = ErrorCode.job_failed
 
 
 class LeaseLost(CacheServerError):
     """The lease a worker quoted is no longer the job's: it expired and was claimed again, or ended."""
 
-    code = "lease_lost"
+    code = ErrorCode.lease_lost
 
 
 class JobRunning(CacheServerError):
     """A running job cannot be deleted; it can once it is done or failed."""
 
-    code = "job_running"
+    code = ErrorCode.job_running

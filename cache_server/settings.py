@@ -1,38 +1,53 @@
-"""Process settings: every command-line option can also come from `CACHE_SERVER_<OPTION>`."""
+"""Settings of `cache-server`: each field is both a command-line option (`--capture-layers`) and an
+environment variable (`CACHE_SERVER_CAPTURE_LAYERS`); the command line wins."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.dtypes import DeviceName, DTypeName
+from schemas.layers import layer_list_problem, parse_layer_list
+
+_CLI = {"cli_kebab_case": True, "cli_hide_none_type": True, "cli_avoid_json": True}
+
 
 class TinyModelSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CACHE_SERVER_", extra="ignore")
-    layers: int = Field(default=8, ge=1)
-    hidden: int = Field(default=64, ge=32)
-    vocab: int = Field(default=512)
-    seed: int = 0
+    """`cache-server tiny-model DIR`: the shape of a small random Qwen3 target."""
+
+    model_config = SettingsConfigDict(env_prefix="CACHE_SERVER_TINY_", extra="ignore", **_CLI)  # type: ignore[typeddict-item]
+    layers: int = Field(default=8, ge=1, description="decoder layers")
+    hidden: int = Field(default=64, ge=32, description="hidden size (a multiple of 16)")
+    vocab: int = Field(default=512, description="vocabulary size")
+    seed: int = Field(default=0, description="random seed of the weights")
 
 
 class ServeSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CACHE_SERVER_", extra="ignore")
-    model: Path
-    store: Path
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["bfloat16", "float16", "float32"] | None = None  # None: bf16 on GPU, fp32 on CPU
-    capture_layers: str = "all"  # "all" or a comma-separated superset of the layers that will be asked for
-    batch_tokens: int = Field(default=8192, ge=1)  # tokens per batched target forward
-    wait_s: float = Field(default=30.0, gt=0)  # how long GET /hidden waits for a pending prompt
-    read_threads: int = Field(default=4, ge=1)
-    log_level: str = "info"
-    checkpoint_root: Path | None = None  # POST /jobs only takes checkpoints under it; None: jobs refused
-    token: SecretStr | None = None  # when set, writes need `Authorization: Bearer <token>`
-    job_max_attempts: int = Field(default=3, ge=1, le=100)  # claims per job before it fails
+    """`cache-server serve`: the target, the store, the HTTP address and the compute budget."""
+
+    model_config = SettingsConfigDict(env_prefix="CACHE_SERVER_", extra="ignore", **_CLI)  # type: ignore[typeddict-item]
+    model: Path = Field(description="Hugging Face model directory of the target")
+    store: Path = Field(description="directory of the Zarr hidden-state store")
+    host: str = Field(default="127.0.0.1", description="bind address")
+    port: int = Field(default=8000, ge=0, le=65535, description="port")
+    device: DeviceName = Field(default="auto", description="where the target runs")
+    dtype: DTypeName | None = Field(default=None, description="target dtype (default: bf16 on GPU, fp32 on CPU)")
+    capture_layers: str = Field(
+        default="all", description="'all' or a comma-separated superset of the layers that will be asked for"
+    )
+    batch_tokens: int = Field(default=8192, ge=1, description="tokens per batched target forward")
+    wait_s: float = Field(default=30.0, gt=0, description="how long GET /hidden waits for a pending prompt")
+    read_threads: int = Field(default=4, ge=1, description="threads decoding stored chunks")
+    log_level: str = Field(default="info", description="debug, info, warning or error")
+    checkpoint_root: Path | None = Field(
+        default=None, description="directory whose checkpoints POST /jobs may evaluate (default: jobs refused)"
+    )
+    token: SecretStr | None = Field(
+        default=None, description="bearer token required on writes (prefer CACHE_SERVER_TOKEN: ps shows argv)"
+    )
+    job_max_attempts: int = Field(default=3, ge=1, le=100, description="claims per job before it fails")
 
     @field_validator("checkpoint_root")
     @classmethod
@@ -53,19 +68,17 @@ class ServeSettings(BaseSettings):
     def _capture_syntax(cls, v: str) -> str:
         v = v.strip()
         if v != "all":
-            try:
-                ids = [int(x) for x in v.split(",")]
-            except ValueError:
-                raise ValueError(f"capture_layers must be 'all' or comma-separated integers, got {v!r}") from None
+            ids = parse_layer_list(v, "capture_layers")
             if not ids or len(set(ids)) != len(ids):
-                raise ValueError(f"capture_layers must list distinct layer ids, got {v!r}")
+                raise ValueError(f"capture_layers must be 'all' or distinct layer ids, got {v!r}")
         return v
 
     def capture_layer_ids(self, num_layers: int) -> list[int]:
+        """The layers to store for every prompt of an `num_layers`-layer target."""
         if self.capture_layers == "all":
             return list(range(num_layers))
-        ids = sorted(int(x) for x in self.capture_layers.split(","))
-        bad = [k for k in ids if not 0 <= k < num_layers]
-        if bad:
-            raise ValueError(f"--capture-layers {bad} outside the target's 0..{num_layers - 1}")
+        ids = sorted(parse_layer_list(self.capture_layers))
+        problem = layer_list_problem(ids, num_layers)
+        if problem is not None:
+            raise ValueError(f"--capture-layers: {problem}")
         return ids

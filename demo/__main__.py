@@ -20,16 +20,16 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from cache_server.child import running_server
-from cache_server.client import CacheClient
-from cache_server.jobs_client import JobsClient
-from cache_server.tiny_model import build_tiny_model
-from eval_worker.checkpoint import save_torch_checkpoint
-from eval_worker.compare import compare_table, plot
-from eval_worker.drafter import DFlashDrafter
-from eval_worker.layer_ids import default_layer_ids
-from eval_worker.train_tiny import Sequences, TinyTrainer, tiny_drafter_config
+from cache_server.capture.tiny_model import build_tiny_model
+from cache_server.client import CacheClient, JobsClient
+from eval_worker.checkpoints.layer_ids import default_layer_ids
+from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.reports.compare import compare_table
+from eval_worker.reports.plot import plot
 from schemas.jobs import JobStatus
+from tests.support.checkpoints import save_torch_checkpoint
+from tests.support.servers import running_server
+from tests.support.tiny_trainer import Sequences, TinyTrainer, tiny_drafter_config
 
 TEXTS = [
     "def fib(n):",
@@ -51,9 +51,10 @@ def _say(msg: str) -> None:
 def fetch_sequences(client: CacheClient, prompt_ids: list[str], layers: list[int]) -> Sequences:
     """Training data straight from the cache: the taps the drafter will read, and the tokens."""
     results = [client.hidden(pid, layers) for pid in prompt_ids]
+    tensors = [r.to_torch() for r in results]  # (hidden, token_ids) views of the served bytes
     return Sequences(
-        token_ids=[r.token_ids.clone() for r in results],
-        taps=[r.hidden.float() for r in results],
+        token_ids=[ids.clone() for _, ids in tensors],
+        taps=[hidden.float() for hidden, _ in tensors],
         prompt_lens=[r.metadata.prompt_len for r in results],
     )
 
@@ -62,10 +63,10 @@ def train_checkpoints(client: CacheClient, target: Path, prompt_ids: list[str], 
     info = client.model()
     layers = default_layer_ids(info.num_layers, 3)
     _say(f"training a tiny DFlash drafter on cached layers {layers} (the DFlash formula for 3 taps)")
-    heads = client.heads()
+    embed, lm_head = client.heads().to_torch()
     train = fetch_sequences(client, prompt_ids[:-HELD_OUT], layers)
     drafter = DFlashDrafter(tiny_drafter_config(AutoConfig.from_pretrained(target), layers, block_size=4), len(layers))
-    trainer = TinyTrainer(drafter, train, heads.embed_tokens.float(), heads.lm_head.float(), lr=1e-3)
+    trainer = TinyTrainer(drafter, train, embed.float(), lm_head.float(), lr=1e-3)
     for step in steps:
         loss = trainer.run(step - trainer.global_step)
         path = save_torch_checkpoint(runs / f"step_{step}.pt", drafter, global_step=step, epoch=0)

@@ -1,4 +1,6 @@
-"""The `eval-worker` sub-commands; each takes the parsed arguments and returns an exit code."""
+"""The `eval-worker` sub-commands: each takes the parsed arguments and its settings, and returns an
+exit code. Heavy modules (torch, the evaluator, matplotlib) are imported by the commands that need
+them, so that `submit`, `watch` and `compare` run on the light install."""
 
 from __future__ import annotations
 
@@ -7,26 +9,21 @@ import logging
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cache_server.client import CacheClient
-from cache_server.devices import resolve_device
-from cache_server.jobs_client import JobsClient
-from eval_worker.settings import WorkerSettings
-from schemas.jobs import JobState, JobStatus
-from schemas.report import EvalReport
+from eval_worker.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from cache_server.client import CacheClient, JobsClient
+    from eval_worker.settings import ConnectionSettings, EvaluateSettings, SubmitSettings, WorkerSettings
+    from schemas.jobs import JobState
 
 log = logging.getLogger(__name__)
-EXIT_JOB_FAILED = 5  # the other exit codes are cli.py's
 
 
-def _settings(args: argparse.Namespace, *names: str) -> WorkerSettings:
-    """Settings from the environment, overridden by the options given on the command line."""
-    given: dict[str, Any] = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
-    return WorkerSettings(**given)
+def _client(settings: ConnectionSettings) -> CacheClient:
+    from cache_server.client import CacheClient
 
-
-def _client(settings: WorkerSettings) -> CacheClient:
     return CacheClient(settings.server, token=settings.token)
 
 
@@ -38,13 +35,13 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def evaluate(args: argparse.Namespace) -> int:
-    from eval_worker.report_table import format_report
-    from eval_worker.run import run_evaluation
+def evaluate(args: argparse.Namespace, settings: EvaluateSettings) -> int:
+    """Evaluate one checkpoint here and print (and optionally write) its report."""
+    from eval_worker.evaluation.evaluate import evaluate_checkpoint
+    from eval_worker.reports.table import format_report
 
-    settings = _settings(args, "server", "device", "dtype")
     with _client(settings) as client:
-        report = run_evaluation(
+        report = evaluate_checkpoint(
             client,
             args.checkpoint,
             settings,
@@ -58,25 +55,27 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(report.model_dump_json(indent=1))
         print(f"report written to {args.out}")
-    return 0
+    return ExitCode.ok
 
 
-def inspect(args: argparse.Namespace) -> int:
-    from eval_worker.inspect import inspect_checkpoint
+def inspect(args: argparse.Namespace, _: None) -> int:
+    """Describe a checkpoint, and with --server check it against the server's target."""
+    from eval_worker.checkpoints.info import describe_checkpoint
 
-    print(inspect_checkpoint(args.checkpoint, config_path=args.config, server=args.server))
-    return 0
+    print(describe_checkpoint(args.checkpoint, config_path=args.config, server=args.server))
+    return ExitCode.ok
 
 
-def serve(args: argparse.Namespace) -> int:
-    from eval_worker.job_worker import JobWorker
+def serve(_: argparse.Namespace, settings: WorkerSettings) -> int:
+    """Claim and run jobs until SIGTERM or SIGINT (the job in hand is finished first)."""
+    from cache_server.torch_utils import resolve_device
+    from eval_worker.worker.job_worker import JobWorker
 
-    settings = _settings(args, "server", "device", "poll_interval", "lease_s", "name")
     resolve_device(settings.device)  # a worker that cannot run its jobs must not claim them
-    stop = _stop_on_signals()  # finish the job in hand, then exit
+    stop = _stop_on_signals()
     with _client(settings) as client:
         JobWorker(client, settings).serve(stop)
-    return 0
+    return ExitCode.ok
 
 
 def _job_path(checkpoint: Path, root: Path | None) -> str:
@@ -102,29 +101,32 @@ def _submit(jobs: JobsClient, args: argparse.Namespace, path: str, prompts: Any 
     return state
 
 
-def submit(args: argparse.Namespace) -> int:
-    from eval_worker.report_table import format_report
+def submit(args: argparse.Namespace, settings: SubmitSettings) -> int:
+    """Queue one checkpoint; with --wait, print its report once a worker has evaluated it."""
+    from cache_server.client import JobsClient
+    from eval_worker.reports.table import format_report
+    from schemas.jobs import JobStatus
 
-    settings = _settings(args, "server", "checkpoint_root")
     with _client(settings) as client:
         jobs = JobsClient(client)
         state = _submit(jobs, args, _job_path(args.checkpoint, settings.checkpoint_root), args.prompts or "all")
         if not args.wait:
-            return 0
+            return ExitCode.ok
         # No deadline: every job ends (done, or failed once its attempts are spent) while a worker runs.
         print("waiting for a worker (eval-worker serve) to finish it...", flush=True)
         final = jobs.wait(state.job_id, timeout_s=float("inf"), poll_s=1.0)
         if final.status == JobStatus.failed:
             print(f"job {final.job_id} failed after {final.attempts} attempts: {final.error}")
-            return EXIT_JOB_FAILED
+            return ExitCode.job_failed
         print(format_report(jobs.report(final.job_id)))
-    return 0
+    return ExitCode.ok
 
 
-def watch(args: argparse.Namespace) -> int:
-    from eval_worker.watch import CheckpointWatcher
+def watch(args: argparse.Namespace, settings: SubmitSettings) -> int:
+    """Submit each checkpoint under DIR once it has finished writing, each once."""
+    from cache_server.client import JobsClient
+    from eval_worker.worker.watch import CheckpointWatcher
 
-    settings = _settings(args, "server", "checkpoint_root")
     watcher = CheckpointWatcher(args.dir)
     stop = _stop_on_signals()
     with _client(settings) as client:
@@ -145,11 +147,15 @@ def watch(args: argparse.Namespace) -> int:
             if args.once and looks >= 2:
                 break
             stop.wait(args.interval)
-    return 0
+    return ExitCode.ok
 
 
-def compare(args: argparse.Namespace) -> int:
-    from eval_worker.compare import compare_table, plot
+def compare(args: argparse.Namespace, _: None) -> int:
+    """Print reports side by side by step; with --plot, draw tau vs step and the acceptance curve."""
+    from cache_server.client import CacheClient, JobsClient
+    from eval_worker.reports.compare import compare_table
+    from schemas.jobs import JobStatus
+    from schemas.report import EvalReport
 
     reports = [EvalReport.model_validate_json(Path(p).read_text()) for p in args.reports]
     if args.server:
@@ -160,9 +166,8 @@ def compare(args: argparse.Namespace) -> int:
         raise ValueError("no reports to compare: give report files or --server with finished jobs")
     print(compare_table(reports))
     if args.plot:
+        from eval_worker.reports.plot import plot
+
         plot(reports, args.plot)
         print(f"plot written to {args.plot}")
-    return 0
-
-
-__all__ = ["compare", "evaluate", "inspect", "serve", "submit", "watch"]
+    return ExitCode.ok

@@ -1,30 +1,55 @@
-"""Eval-worker settings: every command-line option can also come from `EVAL_WORKER_<OPTION>`."""
+"""Settings of `eval-worker`, one model per kind of command. Each field is both a command-line option
+(`--poll-interval`) and an environment variable (`EVAL_WORKER_POLL_INTERVAL`), except those marked
+environment-only (`CliSuppress`); the command line wins."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, CliSuppress, SettingsConfigDict
+
+from schemas.dtypes import DeviceName, DTypeName
 
 
-class WorkerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="EVAL_WORKER_", extra="ignore")
-    server: str = "http://127.0.0.1:8000"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # drafter math; fp32 keeps tau exact
-    heads_cache: Path | None = None  # default ~/.cache/hidden-state-cache/heads
-    token: str | None = None  # bearer token for the server's write endpoints
-    timeout_s: float = Field(default=600.0, gt=0)  # how long to wait for pending prompts
-    # `eval-worker serve` (the job worker):
-    poll_interval: float = Field(default=2.0, gt=0)  # seconds between claims when the queue is empty
-    lease_s: float = Field(default=60.0, gt=0)  # a job's lease; renewed every lease_s / 3 while working
-    name: str | None = None  # worker name recorded on jobs; default host:pid
-    # `submit` / `watch`: the local directory the server knows as its --checkpoint-root
-    checkpoint_root: Path | None = None
+class ConnectionSettings(BaseSettings):
+    """The cache server to talk to."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EVAL_WORKER_", extra="ignore", cli_kebab_case=True, cli_hide_none_type=True, cli_avoid_json=True
+    )
+    server: str = Field(default="http://127.0.0.1:8000", description="cache server URL")
+    token: CliSuppress[str | None] = Field(default=None, description="bearer token for the server's writes")
+    timeout_s: CliSuppress[float] = Field(default=600.0, gt=0, description="how long to wait for pending prompts")
 
     @field_validator("token")
     @classmethod
     def _empty_is_none(cls, v: str | None) -> str | None:
         return v or None  # compose passes an unset variable as ""
+
+
+class SubmitSettings(ConnectionSettings):
+    """`submit` and `watch`: where checkpoints live as the server sees them."""
+
+    checkpoint_root: Path | None = Field(
+        default=None,
+        description="local directory the server knows as its --checkpoint-root; paths are sent relative to it",
+    )
+
+
+class EvaluateSettings(ConnectionSettings):
+    """`evaluate`: where and how the drafter runs."""
+
+    device: DeviceName = Field(default="auto", description="where the drafter runs")
+    dtype: DTypeName = Field(default="float32", description="drafter math (float32 keeps tau exact)")
+    heads_cache: CliSuppress[Path | None] = Field(
+        default=None, description="directory of cached target heads (default ~/.cache/hidden-state-cache/heads)"
+    )
+
+
+class WorkerSettings(EvaluateSettings):
+    """`serve`: the job worker's polling and lease."""
+
+    poll_interval: float = Field(default=2.0, gt=0, description="seconds between claims when the queue is empty")
+    lease_s: float = Field(default=60.0, gt=0, description="a job's lease, renewed every lease_s / 3 while working")
+    name: str | None = Field(default=None, description="worker name recorded on jobs (default host:pid)")

@@ -1,9 +1,14 @@
-"""Wire models shared by the cache server and the eval workers."""
+"""The wire contract shared by the cache server, its clients and the eval workers.
 
-from schemas.errors import ErrorBody, ErrorDetail
-from schemas.hidden import HiddenMetadata, HiddenResult, TargetHeads
+Pydantic models, the error codes, the layer convention, dtype names and the safetensors framing,
+on pydantic + numpy + ml_dtypes only: importing anything here never loads torch.
+"""
+
+from schemas.errors import ErrorBody, ErrorCode, ErrorDetail
+from schemas.hidden import HiddenMetadata
 from schemas.jobs import Claim, JobState, JobStatus, JobSubmit
-from schemas.model import LAYER_CONVENTION, ModelInfo
+from schemas.layers import LAYER_CONVENTION
+from schemas.model import ModelInfo
 from schemas.prompts import GenerateSpec, PromptPage, PromptSpec, PromptState, PromptStatus, RegisterRequest
 from schemas.report import EvalReport, EvalSummary, PromptEval, RoundTaus, TauSummary
 
@@ -11,12 +16,12 @@ __all__ = [
     "LAYER_CONVENTION",
     "Claim",
     "ErrorBody",
+    "ErrorCode",
     "ErrorDetail",
     "EvalReport",
     "EvalSummary",
     "GenerateSpec",
     "HiddenMetadata",
-    "HiddenResult",
     "JobState",
     "JobStatus",
     "JobSubmit",
@@ -28,6 +33,5 @@ __all__ = [
     "PromptStatus",
     "RegisterRequest",
     "RoundTaus",
-    "TargetHeads",
     "TauSummary",
 ]

@@ -1,12 +1,11 @@
 """The tensor endpoints: names and metadata in the safetensors bodies of `GET /hidden` and
-`GET /target/heads`, and the decoded results both sides hand around."""
+`GET /target/heads` (the decoded results are the client's `HiddenResult` and `TargetHeads`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pydantic import BaseModel, ConfigDict
-from torch import Tensor
+
+from schemas.layers import format_layer_list, parse_layer_list
 
 HIDDEN_TENSOR = "hidden"
 TOKEN_IDS_TENSOR = "token_ids"
@@ -30,29 +29,13 @@ class HiddenMetadata(BaseModel):
     greedy_mismatches: int | None = None  # response tokens that are not the target's greedy choice
 
     def to_strings(self) -> dict[str, str]:
+        """As safetensors `__metadata__` (every value a string)."""
         out = {k: str(v) for k, v in self.model_dump().items() if v is not None}
-        out["layers"] = ",".join(str(k) for k in self.layers)
+        out["layers"] = format_layer_list(self.layers)
         return out
 
     @classmethod
     def from_strings(cls, meta: dict[str, str]) -> HiddenMetadata:
-        layers = [int(k) for k in meta["layers"].split(",")] if meta.get("layers") else []
+        """Read back what `to_strings` wrote."""
+        layers = parse_layer_list(meta.get("layers", ""))
         return cls.model_validate({**meta, "layers": layers})
-
-
-@dataclass(frozen=True)
-class HiddenResult:
-    """Taps of one prompt: hidden [T, len(layers) * H] (request order), token_ids [T] int64."""
-
-    hidden: Tensor
-    token_ids: Tensor
-    metadata: HiddenMetadata
-
-
-@dataclass(frozen=True)
-class TargetHeads:
-    """The target's input embedding and output head, both [V, H]."""
-
-    embed_tokens: Tensor
-    lm_head: Tensor
-    fingerprint: str

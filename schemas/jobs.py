@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from schemas.report import EvalReport
 
@@ -38,9 +38,9 @@ class JobSubmit(BaseModel):
     prompts: Literal["all"] | list[str] = Field(
         default="all", description='"all": every prompt registered (and not failed) when the job is claimed'
     )
-    tree_budgets: list[int] = Field(default_factory=list, max_length=64)
-    target_layer_ids: list[int] | None = Field(default=None, min_length=1, max_length=256)
-    block_size: int | None = Field(default=None, ge=2, le=1024)
+    tree_budgets: list[StrictInt] = Field(default_factory=list, max_length=64)
+    target_layer_ids: list[StrictInt] | None = Field(default=None, min_length=1, max_length=256)
+    block_size: StrictInt | None = Field(default=None, ge=2, le=1024)
 
     @field_validator("prompts", mode="before")
     @classmethod

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict
 
-# Tap id k = output of decoder layer k, 0-based (HF hidden_states[k + 1]); the last layer unnormed.
-LAYER_CONVENTION: Literal["decoder_output_0based"] = "decoder_output_0based"
+from schemas.layers import LAYER_CONVENTION, LayerConvention
 
 
 class ModelInfo(BaseModel):
+    """The target whose hidden states are served: identity, shape, dtype and the layers captured."""
+
     model_config = ConfigDict(extra="forbid")
     name: str
     fingerprint: str
@@ -19,5 +18,5 @@ class ModelInfo(BaseModel):
     vocab_size: int
     max_position_embeddings: int
     dtype: str
-    layer_convention: Literal["decoder_output_0based"] = LAYER_CONVENTION
+    layer_convention: LayerConvention = LAYER_CONVENTION
     capture_layers: list[int]

@@ -3,28 +3,42 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 # Hard ceiling on generated tokens per prompt; the server also caps by the model's context.
 MAX_NEW_TOKENS_LIMIT = 32768
 
 
+def _valid_unicode(text: str) -> str:
+    """Refuse what JSON can carry but no tokenizer can read: lone surrogates (e.g. "\\ud800")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text is not valid Unicode (position {e.start}: {e.reason})") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+
+
 class ChatMessage(BaseModel):
+    """One chat turn, rendered with the target's chat template."""
+
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    content: Text
 
 
 class PromptSpec(BaseModel):
-    """Exactly one of `text`, `messages` (chat template applied) or `token_ids`."""
+    """Exactly one of `text`, `messages` (chat template applied) or `token_ids` (plain JSON integers)."""
 
     model_config = ConfigDict(extra="forbid")
-    text: str | None = None
+    text: Text | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
-    token_ids: list[int] | None = Field(default=None, min_length=1)
-    response_token_ids: list[int] | None = Field(default=None, min_length=1)
+    token_ids: list[StrictInt] | None = Field(default=None, min_length=1)
+    response_token_ids: list[StrictInt] | None = Field(default=None, min_length=1)
     name: str | None = Field(default=None, max_length=256)
 
     @model_validator(mode="after")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cache_server.tiny_model import build_tiny_model
+from cache_server.capture.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""docker-compose.yml and services/*.Dockerfile cannot rot: every name they use exists in the code.
+"""docker-compose.yml and services/Dockerfile cannot rot: every name they use exists in the code.
 
 No Docker engine runs here, so the files are parsed and checked against the settings classes, the
 console scripts, the CLI parsers and the README's variable table; `${...}` is resolved as Compose does.
@@ -252,9 +252,23 @@ def test_gpu_is_reserved(compose: dict[str, Any], name: str) -> None:
 # -- Dockerfiles ---------------------------------------------------------------------------------
 
 
+_STAGE = re.compile(r"^FROM\s+(?P<image>\S+)(?:\s+AS\s+(?P<name>\S+))?\s*$", flags=re.MULTILINE | re.IGNORECASE)
+
+
 def _dockerfile(compose: dict[str, Any], name: str) -> str:
+    """The lines of the build target of service `name` and of the stages it builds on, base first."""
     build = compose["services"][name]["build"]
-    return (ROOT / build["context"] / build["dockerfile"]).read_text()
+    text = (ROOT / build["context"] / build["dockerfile"]).read_text()
+    starts = list(_STAGE.finditer(text))
+    stages = {m["name"]: (m["image"], text[m.start() : nxt.start() if nxt else len(text)])
+              for m, nxt in zip(starts, [*starts[1:], None], strict=True)}  # fmt: skip
+    chain, stage = [], build["target"]
+    while stage in stages:
+        image, body = stages[stage]
+        chain.insert(0, body)
+        stage = image
+    assert chain, f"build target {build['target']!r} is not a stage of {build['dockerfile']}"
+    return "".join(chain)
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
@@ -273,13 +287,25 @@ def test_entrypoint_is_a_console_script_subcommand(compose: dict[str, Any], name
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_image_is_pinned_and_runs_unprivileged(compose: dict[str, Any], name: str) -> None:
     dockerfile = _dockerfile(compose, name)
-    [base] = re.findall(r"^FROM\s+(\S+)", dockerfile, flags=re.MULTILINE)
+    base = re.findall(r"^FROM\s+(\S+)", dockerfile, flags=re.MULTILINE)[0]
     tag = base.partition(":")[2]
     assert tag and tag != "latest" and "cuda" in tag, f"pin a CUDA base image, not {base!r}"
     users = re.findall(r"^USER\s+(\S+)", dockerfile, flags=re.MULTILINE)
     assert users and users[-1] not in ("root", "0")
     assert re.search(r"^RUN .*pip install .*\s\.(\s|$)", dockerfile, flags=re.MULTILINE), "install with `pip install .`"
     assert "[dev]" not in dockerfile
+
+
+@pytest.mark.parametrize(("name", "extra"), [(SERVER, "server"), (WORKER, "worker")])
+def test_image_installs_the_base_and_its_extra(compose: dict[str, Any], name: str, extra: str) -> None:
+    dockerfile = _dockerfile(compose, name)
+    assert re.search(rf"^RUN python /tmp/requirements_of.py {extra} ", dockerfile, flags=re.MULTILINE)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {
+        re.split(r"[<>=!;\[ ]", r)[0].lower() for r in project["dependencies"] + project["optional-dependencies"][extra]
+    }
+    if extra == "worker":  # the worker image carries none of the server's stack
+        assert not wanted & {"transformers", "zarr", "fastapi", "uvicorn", "matplotlib"}
 
 
 def test_server_image_exposes_the_served_port(compose: dict[str, Any]) -> None:

@@ -10,17 +10,18 @@ import torch
 from fastapi.testclient import TestClient
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from cache_server.app import create_app
+from cache_server.api.app import create_app
 from cache_server.settings import ServeSettings
-from cache_server.wire import parse
-from eval_worker.checkpoint import load_checkpoint, save_torch_checkpoint
-from eval_worker.drafter import DFlashDrafter
-from eval_worker.evaluate import EvalOptions, evaluate
-from eval_worker.features import HiddenResult, TargetHeads
-from eval_worker.heads_cache import HeadsCache
-from eval_worker.train_tiny import tiny_drafter_config
+from eval_worker.checkpoints.loading import load_checkpoint
+from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.evaluation.evaluate import EvalOptions, evaluate
+from eval_worker.evaluation.heads_cache import HeadsCache
+from eval_worker.evaluation.source import HiddenResult, TargetHeads
 from schemas.hidden import HiddenMetadata
 from schemas.model import ModelInfo
+from tests.support.checkpoints import save_torch_checkpoint
+from tests.support.tensors import parse_torch as parse
+from tests.support.tiny_trainer import tiny_drafter_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 TOKENS = [5, 17, 300, 42, 9, 120, 77, 3, 250, 11, 64, 65, 66, 400, 401, 7, 8, 9, 10, 11]

@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 from fastapi.testclient import TestClient
 
-from cache_server.app import create_app
+from cache_server.api.app import create_app
 from cache_server.settings import ServeSettings
-from cache_server.wire import parse
+from tests.support.tensors import parse_torch as parse
 
 
 def serve_settings(model: Path, store: Path, **kw: object) -> ServeSettings:

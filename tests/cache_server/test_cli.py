@@ -12,7 +12,7 @@ from cache_server.cli import main
 
 
 def test_tiny_model_loads_with_auto_classes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CACHE_SERVER_HIDDEN", "48")  # environment fills what the command line leaves out
+    monkeypatch.setenv("CACHE_SERVER_TINY_HIDDEN", "48")  # environment fills what the command line leaves out
     assert main(["tiny-model", str(tmp_path / "m"), "--layers", "3", "--vocab", "400"]) == 0
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "m")

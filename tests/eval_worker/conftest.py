@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eval_worker.drafter import DFlashDrafter
-from eval_worker.drafter_config import DrafterConfig
-from eval_worker.live_loop import target_heads
-from eval_worker.train_tiny import Sequences, TinyTrainer, make_sequences, tiny_drafter_config
+from eval_worker.drafters.config import DrafterConfig
+from eval_worker.drafters.model import DFlashDrafter
 from schemas.model import ModelInfo
 from tests.eval_worker.helpers import BLOCK_SIZE, HELD_OUT_TEXTS, LAYER_IDS, NEW_TOKENS, TRAIN_TEXTS
+from tests.support.live_loop import target_heads
+from tests.support.tiny_trainer import Sequences, TinyTrainer, make_sequences, tiny_drafter_config
 
 
 @pytest.fixture(scope="package", autouse=True)

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from eval_worker.drafter import DFlashDrafter
-from eval_worker.drafter_config import DrafterConfig
+from eval_worker.drafters.config import DrafterConfig
+from eval_worker.drafters.model import DFlashDrafter
 from schemas.model import ModelInfo
 
 LAYER_IDS = (1, 3, 5)  # includes the last decoder layer (5 of 6), which needs the hook

@@ -11,17 +11,18 @@ from typing import Any
 import pytest
 import torch
 
-from cache_server.child import free_port, running_server
 from cache_server.client import CacheClient
-from eval_worker.checkpoint import load_checkpoint, save_hf_checkpoint, save_torch_checkpoint
+from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
-from eval_worker.drafter import DFlashDrafter
-from eval_worker.evaluate import EvalOptions, evaluate
-from eval_worker.heads_cache import HeadsCache
-from eval_worker.train_tiny import Sequences
+from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.evaluation.evaluate import EvalOptions, evaluate
+from eval_worker.evaluation.heads_cache import HeadsCache
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
-from tests.eval_worker.test_evaluate import TinySource
+from tests.eval_worker.evaluation.test_evaluate import TinySource
+from tests.support.checkpoints import save_hf_checkpoint, save_torch_checkpoint
+from tests.support.servers import free_port, running_server
+from tests.support.tiny_trainer import Sequences
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,78 @@
+"""`create_app(settings)`: opens the target, the store and the job queue in the lifespan and mounts
+the routes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from cache_server.api.error_handlers import install_error_handlers
+from cache_server.api.jobs_routes import jobs_router
+from cache_server.api.routes import router
+from cache_server.capture.target import Target
+from cache_server.compute.metrics import Metrics
+from cache_server.compute.service import HiddenStateService
+from cache_server.jobs.queue import JobStore
+from cache_server.settings import ServeSettings
+from cache_server.store.hidden_store import HiddenStore
+
+JOBS_FILE = "jobs.sqlite"
+DESCRIPTION = (
+    "Runs a target LLM once per prompt, stores every decoder layer's output, and serves any layer set "
+    "concatenated per token. Layer id k is the output of decoder layer k, counting from 0. Errors are "
+    '`{"error": {"code", "message"}}`. A GET request line, with its layer list, must stay under the '
+    "HTTP parser's limit (about 64 KiB); a longer one gets a 400 `bad_http_request`."
+)
+
+
+def build_service(settings: ServeSettings) -> HiddenStateService:
+    """Load the target and open its store namespace."""
+    target = Target(settings.model, device=settings.device, dtype=settings.dtype)
+    store = HiddenStore(
+        settings.store,
+        fingerprint=target.info.fingerprint,
+        model_name=target.info.name,
+        hidden_size=target.info.hidden_size,
+        dtype=target.info.dtype,
+        read_threads=settings.read_threads,
+    )
+    return HiddenStateService(
+        target,
+        store,
+        capture_layers=settings.capture_layer_ids(target.info.num_layers),
+        metrics=Metrics(),
+        batch_tokens=settings.batch_tokens,
+        wait_s=settings.wait_s,
+    )
+
+
+def create_app(
+    settings: ServeSettings, build: Callable[[ServeSettings], HiddenStateService] = build_service
+) -> FastAPI:
+    """The cache server's app; `build` is how tests pass in a service around a fake target."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service = build(settings)
+        try:
+            app.state.jobs = JobStore(settings.store / JOBS_FILE, max_attempts=settings.job_max_attempts)
+        except BaseException:
+            service.close()  # it holds the namespace lock and a writer pool
+            raise
+        service.start()
+        app.state.service = service
+        try:
+            yield
+        finally:
+            app.state.jobs.close()
+            service.close()
+
+    app = FastAPI(title="hidden-state-cache", description=DESCRIPTION, lifespan=lifespan)
+    app.state.token = settings.token.get_secret_value() if settings.token is not None else None
+    app.state.checkpoint_root = settings.checkpoint_root
+    install_error_handlers(app)
+    app.include_router(router)
+    app.include_router(jobs_router)
+    return app

@@ -1,0 +1,112 @@
+"""HTTP routes of the target, prompts and hidden states: parse, call the service, return.
+Blocking work runs in threads, never on the event loop."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+from starlette.concurrency import run_in_threadpool
+
+from cache_server.api.auth import WriteAccess
+from cache_server.api.deps import ServiceDep
+from cache_server.api.error_handlers import error_responses
+from cache_server.compute.bodies import token_range
+from schemas.errors import ErrorCode as E
+from schemas.layers import AsciiInt
+from schemas.model import ModelInfo
+from schemas.prompts import PromptPage, PromptState, PromptStatus, RegisterRequest, RegisterResponse
+
+SAFETENSORS = "application/octet-stream"
+PROMETHEUS = "text/plain; version=0.0.4"
+
+
+def _binary(media_type: str, what: str, *codes: E) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI responses of a route whose 200 body is not JSON."""
+    ok = {"description": what, "content": {media_type: {"schema": {"type": "string", "format": "binary"}}}}
+    return {200: ok, **error_responses(*codes)}
+
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """Liveness: answers once the target is loaded and the store is open."""
+    return {"status": "ok"}
+
+
+@router.get("/model")
+def model(service: ServiceDep) -> ModelInfo:
+    """The target whose states are served: name, fingerprint, shape, dtype, layer convention."""
+    return service.model_info()
+
+
+@router.post(
+    "/prompts", status_code=202, dependencies=[WriteAccess], responses=error_responses(E.unauthorized, E.invalid_prompt)
+)
+def register(body: RegisterRequest, service: ServiceDep) -> RegisterResponse:
+    """Register prompts (all or none); each is computed once, in the background. Ids are content-addressed."""
+    return RegisterResponse(prompts=service.register(body.prompts, body.generate))
+
+
+@router.get("/prompts", responses=error_responses())
+def list_prompts(
+    service: ServiceDep,
+    offset: Annotated[AsciiInt, Query(ge=0)] = 0,
+    limit: Annotated[AsciiInt, Query(ge=1, le=1000)] = 100,
+    status: PromptStatus | None = None,
+) -> PromptPage:
+    """One page of the registered prompts (without token ids), optionally of one status."""
+    return service.page(offset, limit, status)
+
+
+@router.get("/prompts/{prompt_id}", responses=error_responses(E.prompt_not_found))
+def prompt_state(prompt_id: str, service: ServiceDep) -> PromptState:
+    """One prompt's status, token ids, stored layers and greedy check."""
+    return service.state(prompt_id)
+
+
+@router.get(
+    "/hidden",
+    response_class=Response,
+    responses=_binary(
+        SAFETENSORS,
+        "safetensors: hidden [T, len(layers) * H] in the order asked, token_ids [T] int64, and __metadata__",
+        E.invalid_layers,
+        E.prompt_not_found,
+        E.prompt_failed,
+        E.prompt_not_ready,
+    ),
+)
+async def hidden(
+    service: ServiceDep,
+    prompt_id: str,
+    layers: Annotated[str, Query(description="comma-separated layer ids, e.g. 1,16,31 (0-based decoder outputs)")],
+    start: AsciiInt | None = None,
+    stop: AsciiInt | None = None,
+) -> Response:
+    """The hidden states of `layers` of one prompt, concatenated per token in the order asked.
+
+    Waits for a pending prompt up to the server's `--wait-s`, then answers 503 with Retry-After."""
+    ids = service.layer_ids(layers)
+    manifest = await service.ensure(prompt_id, ids)
+    lo, hi = token_range(manifest, start, stop)
+    body = await run_in_threadpool(service.hidden_body, manifest, ids, lo, hi)
+    return Response(content=body.as_memoryview(), media_type=SAFETENSORS)
+
+
+@router.get(
+    "/target/heads",
+    response_class=Response,
+    responses=_binary(SAFETENSORS, "safetensors: embed_tokens.weight and lm_head.weight, both [V, H]"),
+)
+async def target_heads(service: ServiceDep) -> Response:
+    """The target's input embedding and output head, which DFlash drafters borrow."""
+    return Response(content=await run_in_threadpool(lambda: service.heads), media_type=SAFETENSORS)
+
+
+@router.get("/metrics", response_class=Response, responses=_binary(PROMETHEUS, "Prometheus text exposition"))
+def metrics(service: ServiceDep) -> Response:
+    """Prometheus metrics: prompts computed and failed, /hidden requests and bytes, compute time."""
+    return Response(content=service.metrics.render(), media_type=PROMETHEUS)

@@ -1,0 +1,189 @@
+"""The target LLM: tokenizing prompts, greedy responses, and capturing decoder-layer outputs.
+
+Layer k is the output of decoder layer k (0-based), captured by `hooks.capture_decoder_outputs`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from cache_server.capture.fingerprint import target_fingerprint
+from cache_server.capture.hooks import capture_decoder_outputs, decoder_layers
+from cache_server.errors import InvalidPrompt
+from cache_server.torch_utils import dtype_name, resolve_device, resolve_dtype
+from schemas.prompts import PromptSpec
+
+log = logging.getLogger(__name__)
+
+
+# Positions per lm_head chunk when checking greedy agreement: 1024 x 152k vocab fp32 = 0.6 GB.
+_ARGMAX_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class Captured:
+    """One sequence's captured layers and how far its response is from the target's greedy choice."""
+
+    states: dict[int, torch.Tensor]  # layer -> [T, H] on CPU, the target dtype
+    greedy_mismatches: int
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the server says about its target in `GET /model`."""
+
+    name: str
+    fingerprint: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    dtype: torch.dtype
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """FileNotFoundError unless `model_dir` is a Hugging Face model directory."""
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"--model {model_dir} is not a Hugging Face model directory (no config.json)")
+
+
+class Target:
+    """A loaded causal LM plus its tokenizer. Not thread-safe: one compute thread owns it."""
+
+    def __init__(self, model_dir: Path, *, device: str = "auto", dtype: str | None = None) -> None:
+        self.device = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, self.device)
+        check_model_dir(model_dir)
+        fingerprint = target_fingerprint(model_dir, dtype_name(torch_dtype))
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
+        cfg = self.model.config
+        self.layers = decoder_layers(self.model)
+        self.info = TargetInfo(
+            name=model_dir.resolve().name,
+            fingerprint=fingerprint,
+            num_layers=len(self.layers),
+            hidden_size=int(cfg.hidden_size),
+            vocab_size=int(cfg.vocab_size),
+            max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 1 << 30)),
+            dtype=torch_dtype,
+        )
+        log.info(
+            "target %s loaded on %s as %s (fingerprint %s)",
+            self.info.name,
+            self.device,
+            torch_dtype,
+            fingerprint,
+        )
+
+    # -- prompts --------------------------------------------------------------------------------
+
+    def encode(self, spec: PromptSpec) -> list[int]:
+        """Prompt token ids for a spec; raises InvalidPrompt for ids outside the vocabulary."""
+        if spec.token_ids is not None:
+            ids = list(spec.token_ids)
+        elif spec.messages is not None:
+            ids = self._apply_chat_template([m.model_dump() for m in spec.messages])
+        else:
+            ids = list(self.tokenizer(spec.text).input_ids)
+        if not ids:
+            raise InvalidPrompt("the prompt tokenizes to zero tokens")
+        self.check_token_ids(ids, "token_ids")
+        if spec.response_token_ids is not None:
+            self.check_token_ids(spec.response_token_ids, "response_token_ids")
+        return ids
+
+    def _apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidPrompt("the target's tokenizer has no chat template: send the prompt as text or token_ids")
+        try:
+            out: Any = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as e:  # jinja errors raised by the template itself (e.g. raise_exception)
+            raise InvalidPrompt(f"the target's chat template refused these messages: {e}") from None
+        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+
+    def check_token_ids(self, ids: Sequence[int], field: str) -> None:
+        """InvalidPrompt for ids outside the vocabulary."""
+        bad = [t for t in ids if not 0 <= t < self.info.vocab_size]
+        if bad:
+            raise InvalidPrompt(f"{field} has ids outside the vocabulary [0, {self.info.vocab_size}): {bad[:5]}")
+
+    def check_length(self, total_tokens: int) -> None:
+        """InvalidPrompt for a prompt plus response longer than the model's context."""
+        if total_tokens > self.info.max_position_embeddings:
+            raise InvalidPrompt(
+                f"prompt plus response would be {total_tokens} tokens, beyond the model's context of "
+                f"{self.info.max_position_embeddings}"
+            )
+
+    # -- compute --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+        """The target's greedy response to each prompt, generated as one left-padded batch; a
+        response ends after the model's EOS token if it has one."""
+        longest = max(len(p) for p in prompts)
+        pad = self.tokenizer.pad_token_id or 0
+        input_ids = torch.tensor([[pad] * (longest - len(p)) + list(p) for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        out = self.model.generate(
+            input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad
+        )
+        eos = self.model.generation_config.eos_token_id
+        stops = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        responses = []
+        for row in out[:, longest:].tolist():
+            end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
+            responses.append([int(t) for t in row[:end]])
+        return responses
+
+    @torch.inference_mode()
+    def capture(
+        self, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int], layers: Sequence[int]
+    ) -> list[Captured]:
+        """One batched forward: per sequence, its layers' outputs and how far its response is from
+        the target's greedy choice under this very forward.
+
+        Right padding keeps every real position's causal context unchanged; a single sequence runs
+        unpadded and without a mask, exactly as a direct forward would.
+        """
+        lengths = [len(s) for s in sequences]
+        longest = max(lengths)
+        pad = self.tokenizer.pad_token_id or 0
+        input_ids = torch.tensor([list(s) + [pad] * (longest - len(s)) for s in sequences], device=self.device)
+        mask = None
+        if len(sequences) > 1:
+            mask = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).long().to(self.device)
+        with capture_decoder_outputs(self.model, layers, to_host=True) as captured:
+            normed = self.model.model(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
+        return [
+            Captured(
+                states={k: captured[k][i, :n] for k in layers},  # views of the batch's host copy
+                greedy_mismatches=self._greedy_mismatches(normed[i, :n], input_ids[i, :n], p),
+            )
+            for i, (n, p) in enumerate(zip(lengths, prompt_lens, strict=True))
+        ]
+
+    def _greedy_mismatches(self, normed: torch.Tensor, tokens: torch.Tensor, prompt_len: int) -> int:
+        """Response tokens t[s] (s >= prompt_len) that differ from argmax lm_head(h[s - 1])."""
+        mismatches = 0
+        lm_head = self.model.get_output_embeddings()
+        for lo in range(prompt_len - 1, len(tokens) - 1, _ARGMAX_ROWS):  # bounded [rows, vocab] logits
+            hi = min(lo + _ARGMAX_ROWS, len(tokens) - 1)
+            greedy = lm_head(normed[lo:hi]).argmax(dim=-1)
+            mismatches += int((greedy != tokens[lo + 1 : hi + 1]).sum())
+        return mismatches
+
+    def heads(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(embed_tokens.weight, lm_head.weight) on CPU, what a DFlash drafter borrows."""
+        embed = self.model.get_input_embeddings().weight.detach().to("cpu")
+        lm_head = self.model.get_output_embeddings().weight.detach().to("cpu")
+        return embed, lm_head

@@ -1,0 +1,53 @@
+"""The light client of the cache server: httpx, numpy, ml_dtypes and pydantic, never torch.
+
+    from cache_server.client import CacheClient, JobsClient, LeaseLostError
+
+Tensor results are numpy arrays with `.to_torch()`; errors are the tree in `errors.py`.
+"""
+
+from cache_server.client.cache import CacheClient
+from cache_server.client.errors import (
+    ApiError,
+    BadRequestError,
+    CacheClientError,
+    ConflictError,
+    InvalidRequestError,
+    JobFailedError,
+    JobRunningError,
+    JobsDisabledError,
+    LeaseLostError,
+    NotFoundError,
+    NotReadyError,
+    PromptFailedError,
+    ProtocolError,
+    ReportNotReadyError,
+    ServerError,
+    ServerUnreachable,
+    UnauthorizedError,
+)
+from cache_server.client.jobs import JobsClient
+from cache_server.client.results import HiddenResult, TargetHeads
+
+__all__ = [
+    "ApiError",
+    "BadRequestError",
+    "CacheClient",
+    "CacheClientError",
+    "ConflictError",
+    "HiddenResult",
+    "InvalidRequestError",
+    "JobFailedError",
+    "JobRunningError",
+    "JobsClient",
+    "JobsDisabledError",
+    "LeaseLostError",
+    "NotFoundError",
+    "NotReadyError",
+    "PromptFailedError",
+    "ProtocolError",
+    "ReportNotReadyError",
+    "ServerError",
+    "ServerUnreachable",
+    "TargetHeads",
+    "UnauthorizedError",
+]

@@ -1,0 +1,229 @@
+"""`CacheClient`: the cache server's prompts, models and tensor endpoints over HTTP.
+
+JSON goes through httpx; tensor bodies through `http.client` straight into one buffer
+(`bodies.py`). Server errors come back as the typed exceptions of `errors.py`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import time
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+import numpy as np
+
+from cache_server.client.bodies import BodyReader, BodyTruncated
+from cache_server.client.errors import (
+    NotFoundError,
+    PromptFailedError,
+    ProtocolError,
+    ServerUnreachable,
+    error_class,
+)
+from cache_server.client.results import HiddenResult, TargetHeads
+from schemas.errors import ErrorCode
+from schemas.hidden import EMBED_TENSOR, HIDDEN_TENSOR, LM_HEAD_TENSOR, TOKEN_IDS_TENSOR, HiddenMetadata
+from schemas.layers import format_layer_list
+from schemas.model import ModelInfo
+from schemas.prompts import (
+    GenerateSpec,
+    PromptSpec,
+    PromptState,
+    PromptStatus,
+    RegisteredPrompt,
+    RegisterRequest,
+    RegisterResponse,
+)
+from schemas.safetensors_frame import WireFormatError, parse
+
+_POLL_ONE_BY_ONE = 32  # above this many pending prompts, wait_ready reads the paged listing instead
+
+
+def raise_for_error(response: httpx.Response) -> None:
+    """Raise the typed error an unsuccessful response carries; return on success."""
+    if response.is_success:
+        return
+    try:
+        err = response.json()["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError):
+        raise ProtocolError(f"HTTP {response.status_code} without an error body: {response.text[:200]!r}") from None
+    retry = response.headers.get("Retry-After")
+    retry_after_s = float(retry) if retry is not None and retry.isdigit() else None
+    raise error_class(response.status_code, code)(response.status_code, code, message, retry_after_s)
+
+
+class CacheClient:
+    """Synchronous client of one cache server; use as a context manager or call close()."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 120.0,
+        transport: httpx.BaseTransport | None = None,
+        token: str | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
+        # Tensor bodies skip httpx, unless a transport is passed in (tests): then everything uses it.
+        self._bodies = BodyReader(self.base_url, timeout=timeout, headers=headers) if transport is None else None
+
+    def __enter__(self) -> CacheClient:
+        return self
+
+    def __exit__(self, *exc: tuple[type[BaseException], BaseException, TracebackType] | Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pools."""
+        self._http.close()
+        if self._bodies is not None:
+            self._bodies.close()
+
+    def _unreachable(self, e: Exception) -> ServerUnreachable:
+        return ServerUnreachable(f"cannot reach the cache server at {self.base_url}: {e}")
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One JSON request; raises the typed error of an error response."""
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as e:
+            raise self._unreachable(e) from e
+        raise_for_error(response)
+        return response
+
+    # -- JSON endpoints -------------------------------------------------------------------------
+
+    def model(self) -> ModelInfo:
+        """What the server serves: the target, its shape, dtype and captured layers."""
+        return ModelInfo.model_validate(self.request("GET", "/model").json())
+
+    def register(
+        self, prompts: Iterable[PromptSpec | dict[str, Any]], *, max_new_tokens: int | None = None
+    ) -> list[RegisteredPrompt]:
+        """Register prompts (with generated responses of up to `max_new_tokens`); returns their ids."""
+        specs = [p if isinstance(p, PromptSpec) else PromptSpec.model_validate(p) for p in prompts]
+        generate = GenerateSpec(max_new_tokens=max_new_tokens) if max_new_tokens else None
+        body = RegisterRequest(prompts=specs, generate=generate).model_dump(mode="json", exclude_none=True)
+        return RegisterResponse.model_validate(self.request("POST", "/prompts", json=body).json()).prompts
+
+    def prompt(self, prompt_id: str) -> PromptState:
+        """One prompt's status, with its token ids."""
+        return PromptState.model_validate(self.request("GET", f"/prompts/{prompt_id}").json())
+
+    def paged(self, path: str, key: str, status: str | None = None, page_size: int = 1000) -> list[dict[str, Any]]:
+        """Every item of a paged listing (`{key: [...], total, offset, limit}`), optionally filtered by status."""
+        out: list[dict[str, Any]] = []
+        while True:
+            params: dict[str, Any] = {"offset": len(out), "limit": page_size}
+            if status is not None:
+                params["status"] = status
+            page = self.request("GET", path, params=params).json()
+            out.extend(page[key])
+            if not page[key] or len(out) >= page["total"]:
+                return out
+
+    def prompts(self, status: PromptStatus | None = None) -> list[PromptState]:
+        """Every registered prompt, paging through `GET /prompts`."""
+        items = self.paged("/prompts", "prompts", status.value if status else None)
+        return [PromptState.model_validate(p) for p in items]
+
+    def wait_ready(self, prompt_ids: Sequence[str], *, timeout_s: float = 600.0, poll_s: float = 0.2) -> None:
+        """Poll until every prompt is ready; PromptFailedError on a failure, TimeoutError past the bound.
+
+        A few prompts are polled one by one; many through the paged listing (1000 per request)."""
+        deadline = time.monotonic() + timeout_s
+        pending = set(prompt_ids)
+        while pending:
+            if len(pending) <= _POLL_ONE_BY_ONE:
+                states = [self.prompt(pid) for pid in pending]
+            else:
+                states = [s for s in self.prompts() if s.prompt_id in pending]
+                unknown = pending - {s.prompt_id for s in states}
+                if unknown:
+                    raise NotFoundError(
+                        404, ErrorCode.prompt_not_found, f"prompts not registered: {sorted(unknown)[:5]}"
+                    )
+            for state in states:
+                if state.status == PromptStatus.failed:
+                    raise PromptFailedError(
+                        409, ErrorCode.prompt_failed, f"prompt {state.prompt_id} failed: {state.error}"
+                    )
+                if state.status == PromptStatus.ready:
+                    pending.discard(state.prompt_id)
+            if pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{len(pending)} prompts not ready after {timeout_s:.0f} s: {sorted(pending)[:5]}"
+                    )
+                time.sleep(poll_s)
+
+    # -- tensor endpoints -----------------------------------------------------------------------
+
+    def _get_body(self, path: str, params: dict[str, Any] | None = None) -> np.ndarray | bytes:
+        """A tensor body in one buffer preallocated from Content-Length (no growing copies)."""
+        if self._bodies is None:
+            return self._get_body_httpx(path, params)
+        try:
+            body = self._bodies.get(path, params)
+        except BodyTruncated as e:
+            raise ProtocolError(str(e)) from e
+        except (OSError, http.client.HTTPException) as e:
+            raise self._unreachable(e) from e
+        if isinstance(body.data, bytes):
+            raise_for_error(httpx.Response(body.status, headers=body.headers, content=body.data))
+        return body.data
+
+    def _get_body_httpx(self, path: str, params: dict[str, Any] | None) -> np.ndarray | bytes:
+        try:
+            with self._http.stream("GET", path, params=params) as response:
+                if not response.is_success:
+                    response.read()
+                    raise_for_error(response)
+                size = int(response.headers.get("Content-Length", "-1"))
+                if size < 0:
+                    return response.read()
+                buf = np.empty(size, dtype=np.uint8)
+                view, pos = memoryview(buf.data), 0
+                for chunk in response.iter_raw():
+                    view[pos : pos + len(chunk)] = chunk
+                    pos += len(chunk)
+                if pos != size:
+                    raise ProtocolError(f"body of {path} ended at {pos} of {size} bytes")
+                return buf
+        except httpx.TransportError as e:
+            raise self._unreachable(e) from e
+
+    def hidden(
+        self, prompt_id: str, layers: Sequence[int], *, start: int | None = None, stop: int | None = None
+    ) -> HiddenResult:
+        """Hidden states of `layers` (in this order) concatenated per token, with the token ids (numpy)."""
+        params: dict[str, Any] = {"prompt_id": prompt_id, "layers": format_layer_list(layers)}
+        if start is not None:
+            params["start"] = start
+        if stop is not None:
+            params["stop"] = stop
+        try:
+            tensors, meta = parse(self._get_body("/hidden", params))
+            metadata = HiddenMetadata.from_strings(meta)
+            result = HiddenResult(tensors[HIDDEN_TENSOR], tensors[TOKEN_IDS_TENSOR], metadata)
+        except (WireFormatError, KeyError, ValueError) as e:
+            raise ProtocolError(f"malformed /hidden body for {prompt_id}: {e}") from e
+        if metadata.layers != list(layers) or result.hidden.shape[1] != len(layers) * metadata.hidden_size:
+            raise ProtocolError(
+                f"asked for layers {list(layers)}, got {metadata.layers} with width {result.hidden.shape[1]}"
+            )
+        return result
+
+    def heads(self) -> TargetHeads:
+        """The target's embed_tokens and lm_head (what a DFlash drafter borrows), as numpy arrays."""
+        try:
+            tensors, meta = parse(self._get_body("/target/heads"))
+            return TargetHeads(tensors[EMBED_TENSOR], tensors[LM_HEAD_TENSOR], meta["model_fingerprint"])
+        except (WireFormatError, KeyError) as e:
+            raise ProtocolError(f"malformed /target/heads body: {e}") from e

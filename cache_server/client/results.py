@@ -1,0 +1,54 @@
+"""What the tensor endpoints decode to: numpy arrays (exact served bytes) and a torch view of them.
+
+torch is imported only inside `to_torch`, so the client stays light for callers that never need it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import ml_dtypes
+import numpy as np
+
+from schemas.hidden import HiddenMetadata
+
+if TYPE_CHECKING:
+    import torch
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    """`array` as a torch tensor sharing its memory (copied once if it is read-only)."""
+    import torch
+
+    if not array.flags.writeable:
+        array = array.copy()  # torch.from_numpy would alias memory it may not write
+    if array.dtype == np.dtype(ml_dtypes.bfloat16):  # torch takes no ml_dtypes array: via its bit pattern
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+@dataclass(frozen=True)
+class HiddenResult:
+    """One prompt's features: hidden [T, len(layers) * H] in request order, token_ids [T] int64."""
+
+    hidden: np.ndarray
+    token_ids: np.ndarray
+    metadata: HiddenMetadata
+
+    def to_torch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, token_ids) as torch tensors over the same memory."""
+        return as_tensor(self.hidden), as_tensor(self.token_ids)
+
+
+@dataclass(frozen=True)
+class TargetHeads:
+    """The target's input embedding and output head, both [V, H], and the target they belong to."""
+
+    embed_tokens: np.ndarray
+    lm_head: np.ndarray
+    fingerprint: str
+
+    def to_torch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(embed_tokens, lm_head) as torch tensors over the same memory."""
+        return as_tensor(self.embed_tokens), as_tensor(self.lm_head)

@@ -1,0 +1,65 @@
+"""The tensor bodies the service hands out: `GET /hidden` as one preallocated safetensors buffer
+filled straight from the store, and `GET /target/heads`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from safetensors.torch import save
+
+from cache_server.capture.target import Target
+from cache_server.errors import InvalidLayers
+from cache_server.store.hidden_store import HiddenStore, PromptManifest
+from cache_server.torch_utils import dtype_name
+from schemas.hidden import EMBED_TENSOR, HIDDEN_TENSOR, LM_HEAD_TENSOR, TOKEN_IDS_TENSOR, HiddenMetadata
+from schemas.safetensors_frame import FramedBody, TensorSpec, frame, numpy_dtype
+
+
+def token_range(manifest: PromptManifest, start: int | None, stop: int | None) -> tuple[int, int]:
+    """The rows `[start, stop)` of a prompt (default: all of them); InvalidLayers if out of range."""
+    n = manifest.num_tokens
+    lo = 0 if start is None else start
+    hi = n if stop is None else stop
+    if not 0 <= lo < hi <= n:
+        raise InvalidLayers(f"token range start={start} stop={stop} is invalid; need 0 <= start < stop <= {n}")
+    return lo, hi
+
+
+def hidden_body(
+    store: HiddenStore, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int
+) -> FramedBody:
+    """hidden [stop-start, len(layers)*H] in request order + token_ids, exact stored bytes."""
+    rows, width = stop - start, len(layers) * manifest.hidden_size
+    meta = HiddenMetadata(
+        prompt_id=manifest.prompt_id,
+        layers=list(layers),
+        layer_convention=manifest.layer_convention,
+        model_fingerprint=manifest.model_fingerprint,
+        hidden_size=manifest.hidden_size,
+        prompt_len=manifest.prompt_len,
+        start=start,
+        stop=stop,
+        dtype=manifest.dtype,
+        greedy_mismatches=manifest.greedy_mismatches,
+    )
+    body = frame(
+        [
+            TensorSpec(HIDDEN_TENSOR, numpy_dtype(manifest.dtype), (rows, width)),
+            TensorSpec(TOKEN_IDS_TENSOR, np.dtype(np.int64), (rows,)),
+        ],
+        meta.to_strings(),
+    )
+    out = body.regions[HIDDEN_TENSOR].view(store.numpy_dtype).reshape(rows, width)
+    store.read_into(manifest.prompt_id, layers, out, start, stop)
+    body.regions[TOKEN_IDS_TENSOR].view(np.int64)[:] = store.token_ids(manifest.prompt_id)[start:stop]
+    return body
+
+
+def heads_body(target: Target) -> bytes:
+    """The safetensors body of a target's embed_tokens and lm_head (the service builds it once)."""
+    embed, lm_head = target.heads()
+    return save(
+        {EMBED_TENSOR: embed.contiguous(), LM_HEAD_TENSOR: lm_head.contiguous().clone()},  # clone: may be tied
+        metadata={"model_fingerprint": target.info.fingerprint, "dtype": dtype_name(embed.dtype)},
+    )

@@ -1,0 +1,200 @@
+"""`HiddenStateService`, what the HTTP routes call: register prompts, report their status, and
+hand out stored layers, computing a missing one at most once (through the `Scheduler`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from functools import cached_property
+
+from cache_server.capture.target import Target
+from cache_server.compute.bodies import heads_body, hidden_body
+from cache_server.compute.metrics import Metrics
+from cache_server.compute.registry import Registration, Registry, prompt_id_for
+from cache_server.compute.scheduler import Scheduler
+from cache_server.errors import InvalidLayers, PromptNotFound, PromptNotReady
+from cache_server.store.hidden_store import HiddenStore, PromptManifest
+from cache_server.torch_utils import dtype_name
+from schemas.layers import layer_list_problem, parse_layer_list
+from schemas.model import ModelInfo
+from schemas.prompts import GenerateSpec, PromptPage, PromptSpec, PromptState, PromptStatus, RegisteredPrompt
+from schemas.safetensors_frame import FramedBody
+
+
+class HiddenStateService:
+    """One target, its store and its scheduler: prompts in, stored layer sets out."""
+
+    def __init__(
+        self,
+        target: Target,
+        store: HiddenStore,
+        *,
+        capture_layers: Sequence[int],
+        metrics: Metrics,
+        batch_tokens: int = 8192,
+        wait_s: float = 30.0,
+    ) -> None:
+        self.target = target
+        self.store = store
+        self.metrics = metrics
+        self.registry = Registry(store.namespace / "requests")
+        self.scheduler = Scheduler(target, store, metrics, capture_layers=capture_layers, batch_tokens=batch_tokens)
+        self._wait_s = wait_s
+
+    @property
+    def capture_layers(self) -> list[int]:
+        """The layers stored for every prompt (others are computed when first asked for)."""
+        return self.scheduler.capture_layers
+
+    def start(self) -> None:
+        """Start computing, first re-queuing whatever was registered but never published."""
+        self.scheduler.start()
+        for reg in self.registry.all():
+            if self.store.manifest(reg.prompt_id) is None:
+                self.scheduler.schedule(reg, self.capture_layers)
+
+    def close(self) -> None:
+        """Finish the batch in hand and stop; queued prompts stay registered and resume on restart."""
+        self.scheduler.close()
+        self.store.close()
+
+    def model_info(self) -> ModelInfo:
+        """`GET /model`."""
+        info = self.target.info
+        return ModelInfo(
+            name=info.name,
+            fingerprint=info.fingerprint,
+            num_layers=info.num_layers,
+            hidden_size=info.hidden_size,
+            vocab_size=info.vocab_size,
+            max_position_embeddings=info.max_position_embeddings,
+            dtype=dtype_name(info.dtype),
+            capture_layers=self.capture_layers,
+        )
+
+    # -- registration ---------------------------------------------------------------------------
+
+    def register(self, specs: Sequence[PromptSpec], generate: GenerateSpec | None) -> list[RegisteredPrompt]:
+        """Validate every prompt first (all or nothing), then queue the new ones (and failed ones again)."""
+        regs = [self._registration(spec, generate) for spec in specs]
+        out = []
+        for reg in regs:
+            retry = self.scheduler.forget_failure(reg.prompt_id)
+            if self.registry.add(reg) or retry:
+                self.scheduler.schedule(reg, self.capture_layers)
+            out.append(RegisteredPrompt(prompt_id=reg.prompt_id, status=self._status(reg.prompt_id)))
+        return out
+
+    def _registration(self, spec: PromptSpec, generate: GenerateSpec | None) -> Registration:
+        prompt_ids = tuple(self.target.encode(spec))
+        response = tuple(spec.response_token_ids) if spec.response_token_ids is not None else None
+        max_new = generate.max_new_tokens if generate is not None and response is None else None
+        self.target.check_length(len(prompt_ids) + (len(response) if response else max_new or 0))
+        return Registration(
+            prompt_id=prompt_id_for(prompt_ids, response, max_new),
+            prompt_ids=prompt_ids,
+            response_ids=response,
+            max_new_tokens=max_new,
+            name=spec.name,
+        )
+
+    def is_registered(self, prompt_id: str) -> bool:
+        """Whether a prompt with this id is registered for the target."""
+        return self.registry.get(prompt_id) is not None
+
+    # -- status ---------------------------------------------------------------------------------
+
+    def _status(self, prompt_id: str) -> PromptStatus:
+        if self.store.manifest(prompt_id) is not None:
+            return PromptStatus.ready
+        return PromptStatus.failed if self.scheduler.failure(prompt_id) is not None else PromptStatus.pending
+
+    def state(self, prompt_id: str, *, with_tokens: bool = True) -> PromptState:
+        """A prompt's status; listings leave out token_ids (a store read per prompt)."""
+        reg = self._registered(prompt_id)
+        manifest = self.store.manifest(prompt_id)
+        tokens: list[int] | None = None
+        if manifest is not None:
+            num_tokens: int | None = manifest.num_tokens
+            if with_tokens:
+                tokens = self.store.token_ids(prompt_id).tolist()
+        elif reg.response_ids is not None:
+            num_tokens = reg.prompt_len + len(reg.response_ids)
+            tokens = list(reg.prompt_ids) + list(reg.response_ids) if with_tokens else None
+        else:
+            num_tokens = None  # the response is not generated yet
+        return PromptState(
+            prompt_id=prompt_id,
+            name=reg.name,
+            status=self._status(prompt_id),
+            prompt_len=reg.prompt_len,
+            num_tokens=num_tokens,
+            token_ids=tokens,
+            layers_stored=list(manifest.layers) if manifest else [],
+            greedy_mismatches=manifest.greedy_mismatches if manifest else None,
+            error=self.scheduler.failure(prompt_id),
+        )
+
+    def page(self, offset: int, limit: int, status: PromptStatus | None = None) -> PromptPage:
+        """One page of the registered prompts, optionally of one status."""
+        regs = self.registry.all()
+        if status is not None:
+            regs = [r for r in regs if self._status(r.prompt_id) == status]
+        states = [self.state(r.prompt_id, with_tokens=False) for r in regs[offset : offset + limit]]
+        return PromptPage(prompts=states, total=len(regs), offset=offset, limit=limit)
+
+    def evaluable_prompt_ids(self) -> list[str]:
+        """What a job's `prompts: "all"` means: every registered prompt the target has not failed on
+        (as `eval-worker evaluate --all-prompts` takes them)."""
+        failed = self.scheduler.failed_ids()
+        return [r.prompt_id for r in self.registry.all() if r.prompt_id not in failed]
+
+    def _registered(self, prompt_id: str) -> Registration:
+        reg = self.registry.get(prompt_id)
+        if reg is None:
+            raise PromptNotFound(f"no prompt {prompt_id!r} is registered for target {self.target.info.fingerprint}")
+        return reg
+
+    # -- layers ---------------------------------------------------------------------------------
+
+    def layer_ids(self, text: str) -> list[int]:
+        """A `layers=` parameter as distinct layer ids of the target; InvalidLayers naming the valid range."""
+        try:
+            layers = parse_layer_list(text)
+        except ValueError as e:
+            raise InvalidLayers(f"{e}; valid layer ids are 0..{self.target.info.num_layers - 1}") from None
+        problem = layer_list_problem(layers, self.target.info.num_layers)
+        if problem is not None:
+            raise InvalidLayers(problem)
+        return layers
+
+    async def ensure(self, prompt_id: str, layers: Sequence[int]) -> PromptManifest:
+        """The published manifest once it holds `layers`, computing them at most once."""
+        reg = self._registered(prompt_id)
+        deadline = time.monotonic() + self._wait_s
+        while True:
+            manifest = self.store.manifest(prompt_id)
+            if manifest is not None and set(layers) <= set(manifest.layers):
+                return manifest
+            task = self.scheduler.schedule(reg, layers)
+            remaining = deadline - time.monotonic()
+            try:
+                # shield: a waiter timing out must not cancel the shared computation.
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(task.future)), max(remaining, 0.0))
+            except TimeoutError:
+                raise PromptNotReady(
+                    f"prompt {prompt_id} is still being computed after {self._wait_s:.0f} s", retry_after_s=5
+                ) from None
+
+    def hidden_body(self, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> FramedBody:
+        """The `GET /hidden` body of a published prompt (blocking: run it off the event loop)."""
+        body = hidden_body(self.store, manifest, layers, start, stop)
+        self.metrics.hidden_requests.inc()
+        self.metrics.hidden_bytes.inc(body.buffer.nbytes)
+        return body
+
+    @cached_property
+    def heads(self) -> bytes:
+        """`GET /target/heads`, serialised once: the heads never change while the target is loaded."""
+        return heads_body(self.target)

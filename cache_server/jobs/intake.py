@@ -1,0 +1,47 @@
+"""Checks a job submission against the server before it is queued: checkpoint path, prompts, layers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cache_server.errors import InvalidLayers, JobsDisabled, UnknownPrompts
+from cache_server.jobs.checkpoint_paths import resolve_checkpoint
+from schemas.jobs import JobSubmit
+from schemas.layers import layer_list_problem
+
+_SHOWN = 20  # unknown ids named in a message
+
+
+@dataclass(frozen=True)
+class CheckedJob:
+    """A submission that may be queued, and its checkpoint's path relative to the root."""
+
+    spec: JobSubmit  # with `checkpoint` replaced by its resolved absolute path
+    checkpoint_relative: str
+
+
+def check_submission(
+    spec: JobSubmit, *, root: Path | None, is_registered: Callable[[str], bool], num_layers: int
+) -> CheckedJob:
+    """The submission with its checkpoint resolved, or the error that refuses it (nothing queued)."""
+    if root is None:
+        raise JobsDisabled(
+            "this server does not take jobs: start it with --checkpoint-root DIR "
+            "(or CACHE_SERVER_CHECKPOINT_ROOT) to evaluate checkpoints under DIR"
+        )
+    checkpoint = resolve_checkpoint(root, spec.checkpoint)
+    if isinstance(spec.prompts, list):
+        unknown = [p for p in spec.prompts if not is_registered(p)]
+        if unknown:
+            more = f" and {len(unknown) - _SHOWN} more" if len(unknown) > _SHOWN else ""
+            raise UnknownPrompts(
+                f"prompt ids {unknown[:_SHOWN]}{more} are not registered for this target; "
+                "register them with POST /prompts first"
+            )
+    if spec.target_layer_ids is not None:
+        problem = layer_list_problem(spec.target_layer_ids, num_layers)
+        if problem is not None:
+            raise InvalidLayers(f"target_layer_ids: {problem}")
+    return CheckedJob(spec.model_copy(update={"checkpoint": str(checkpoint.path)}), checkpoint.relative.as_posix())

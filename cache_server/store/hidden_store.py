@@ -1,0 +1,406 @@
+"""Per-prompt, per-layer hidden states on disk (Zarr v3), published atomically under a model namespace.
+
+Layout: `<root>/<fingerprint>/prompts/<prompt_id>/{manifest.json, token_ids/, layers/<k>/}`, one zarr
+array `[T, H]` per layer, staged under `<root>/<fingerprint>/tmp/` and renamed in. The manifest is the
+only source of truth: a layer is served only once a published manifest lists it.
+
+Errors and the manifest live in `manifest.py`, recovery and the namespace lock in `recovery.py`,
+the codec and chunk reads in `chunks.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import torch
+import zarr
+from pydantic import ValidationError
+
+from cache_server.store import chunks
+from cache_server.store.manifest import (
+    LayersNotStored,
+    PromptManifest,
+    PromptNotStored,
+    StoreCorrupt,
+    StoreError,
+    StoreInputError,
+    token_sha256,
+)
+from cache_server.store.recovery import MANIFEST, lock_namespace, sweep_interrupted_writes
+from cache_server.torch_utils import as_numpy, dtype_name
+from schemas.dtypes import DTYPE_NAMES
+from schemas.safetensors_frame import numpy_dtype
+
+log = logging.getLogger(__name__)
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_OPEN_ARRAYS = 1024  # opened zarr arrays kept (LRU); opening one costs ~0.6 ms, a read ~10 ms per layer
+# Errors zarr/numcodecs raise on a missing or damaged array file.
+_READ_ERRORS = (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarrError)
+# An opened layer array and, when it is laid out as `chunks.write_array` writes it, its chunks for
+# `chunks.ChunkReader` (faster than zarr; None: read through zarr).
+_Layer = tuple[zarr.Array[Any], chunks.BloscChunks | None]
+
+
+class HiddenStore:
+    """One model's hidden states under `root / fingerprint`.
+
+    One HiddenStore per namespace at a time (a lock file enforces it across processes): opening
+    deletes leftovers of interrupted writes, which would destroy a live writer's staging area.
+    The caller (a single-flight scheduler) never writes one prompt from two threads at once; a
+    per-prompt lock here guards it anyway. Reads need no lock: published files never change.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        fingerprint: str,
+        model_name: str,
+        hidden_size: int,
+        dtype: torch.dtype,
+        read_threads: int = 4,
+    ) -> None:
+        if not _SAFE_NAME.fullmatch(fingerprint):
+            raise StoreInputError(f"fingerprint {fingerprint!r} is not a safe directory name")
+        if dtype_name(dtype) not in DTYPE_NAMES:
+            raise StoreInputError(f"dtype {dtype} not supported ({', '.join(DTYPE_NAMES)})")
+        if hidden_size < 1 or read_threads < 1:
+            raise StoreInputError("hidden_size and read_threads must be >= 1")
+        self.fingerprint = fingerprint
+        self.model_name = model_name
+        self.hidden_size = hidden_size
+        self.dtype = dtype
+        self._dtype_name = dtype_name(dtype)
+        self._storage_dtype = chunks.storage_dtype(self._dtype_name)
+        self._ns = Path(root) / fingerprint
+        self._prompts = self._ns / "prompts"
+        self._tmp = self._ns / "tmp"
+        self._prompts.mkdir(parents=True, exist_ok=True)
+        self._lock_file = lock_namespace(self._ns)
+        self._manifests: dict[str, PromptManifest] = {}
+        self._arrays: OrderedDict[tuple[str, int], _Layer] = OrderedDict()
+        self._chunk_reader = chunks.ChunkReader()  # per-thread buffers: used only from self._pool
+        self._guard = threading.Lock()
+        self._prompt_locks: dict[str, threading.Lock] = {}
+        self._pool = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="hidden-store")
+        try:
+            sweep_interrupted_writes(self._prompts, self._tmp, self.manifest)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- public -------------------------------------------------------------------------------
+
+    @property
+    def namespace(self) -> Path:
+        return self._ns
+
+    @property
+    def numpy_dtype(self) -> np.dtype[Any]:
+        """Element type of `read_into`'s `out` (ml_dtypes.bfloat16 for bf16): the tensor's exact bytes."""
+        return numpy_dtype(self._dtype_name)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._lock_file.close()
+
+    def __enter__(self) -> HiddenStore:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
+    def manifest(self, prompt_id: str) -> PromptManifest | None:
+        """The published manifest, or None (unknown id, or an unfinished write)."""
+        _check_name(prompt_id, "prompt id")
+        with self._guard:
+            cached = self._manifests.get(prompt_id)
+        if cached is not None:
+            return cached
+        path = self._prompts / prompt_id / MANIFEST
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        loaded = self._parse_manifest(prompt_id, text)
+        with self._guard:
+            self._manifests[prompt_id] = loaded
+        return loaded
+
+    def list_manifests(self) -> list[PromptManifest]:
+        """Every published prompt, sorted by id; unreadable manifests are logged and skipped."""
+        found = []
+        for prompt_id in sorted(p.name for p in self._prompts.iterdir()):
+            try:
+                m = self.manifest(prompt_id)
+            except StoreError as e:
+                log.warning("skipping prompt %s: %s", prompt_id, e)
+                continue
+            if m is not None:
+                found.append(m)
+        return found
+
+    def token_ids(self, prompt_id: str) -> np.ndarray:
+        """int64 [T], checked against the manifest's hash."""
+        m = self._require(prompt_id)
+        try:
+            ids = np.asarray(self._open(prompt_id, "token_ids")[:], dtype=np.int64)
+        except _READ_ERRORS as e:
+            raise StoreCorrupt(f"prompt {prompt_id!r}: token ids unreadable: {e}") from e
+        if token_sha256(ids) != m.token_sha256:
+            raise StoreCorrupt(f"prompt {prompt_id!r}: token ids do not match the manifest's hash")
+        return ids
+
+    def write(
+        self,
+        prompt_id: str,
+        token_ids: np.ndarray,
+        prompt_len: int,
+        layers: Mapping[int, torch.Tensor],
+        *,
+        greedy_mismatches: int | None = None,
+    ) -> PromptManifest:
+        """Publish `layers` ({k: [T, H] CPU tensor}); on a published prompt, add the ones it lacks
+        (its manifest keeps the first write's `greedy_mismatches`)."""
+        _check_name(prompt_id, "prompt id")
+        ids = self._check_tokens(token_ids, prompt_len)
+        data = {_layer_id(k): self._check_layer(k, t, len(ids)) for k, t in layers.items()}
+        data = dict(sorted(data.items()))
+        if not data:
+            raise StoreInputError("write needs at least one layer")
+        sha = token_sha256(ids)
+        with self._prompt_lock(prompt_id):
+            old = self.manifest(prompt_id)
+            if old is not None:
+                if old.token_sha256 != sha or old.prompt_len != prompt_len:
+                    raise StoreInputError(
+                        f"prompt {prompt_id!r} is stored with other token ids or prompt_len "
+                        f"({old.num_tokens} tokens, prompt_len {old.prompt_len})"
+                    )
+                data = {k: v for k, v in data.items() if k not in old.layers}
+                if not data:
+                    return old
+            staging = self._tmp / uuid.uuid4().hex
+            try:
+                self._stage(staging, data, ids if old is None else None)
+                return self._publish(prompt_id, staging, old, ids, prompt_len, sorted(data), greedy_mismatches)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def read_into(
+        self,
+        prompt_id: str,
+        layers: Sequence[int],
+        out: np.ndarray,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> None:
+        """Fill `out[:, i*H:(i+1)*H]` with rows start:stop of layer `layers[i]`, in request order.
+
+        `out` is `[stop - start, len(layers) * H]` of `numpy_dtype`, typically a view into a
+        response buffer. The pool reads one (layer, chunk) per task, decoding the chunk and copying
+        it once into its rows of the layer's column slice (one task per layer read through zarr).
+        """
+        m = self._require(prompt_id)
+        missing = sorted(set(layers) - set(m.layers))
+        if missing:
+            raise LayersNotStored(prompt_id, missing)
+        stop = m.num_tokens if stop is None else stop
+        if not 0 <= start <= stop <= m.num_tokens:
+            raise StoreInputError(f"rows [{start}, {stop}) outside prompt {prompt_id!r} of {m.num_tokens}")
+        h = self.hidden_size
+        want = (stop - start, len(layers) * h)
+        if out.dtype != self.numpy_dtype or out.shape != want or not out.flags.writeable:
+            raise StoreInputError(
+                f"out must be a writeable {self.numpy_dtype} array of shape {want}, got {out.dtype} {out.shape}"
+            )
+        if stop == start or not layers:
+            return
+        raw = out.view(self._storage_dtype)
+        reads: list[tuple[int, Callable[[], None]]] = []  # (layer, one read into `out`)
+        for i, k in enumerate(layers):
+            dst = raw[:, i * h : (i + 1) * h]  # [stop - start, H]
+            arr, blosc = self._layer_array(m, k)
+            if blosc is None:
+                reads.append((k, partial(chunks.read_rows, arr, self._layer_dir(m.prompt_id, k), start, stop, dst)))
+                continue
+            for c, lo, hi, at in blosc.pieces(start, stop):
+                reads.append((k, partial(self._chunk_reader.read, blosc, c, lo, hi, dst[at : at + hi - lo])))
+        futures = [self._pool.submit(_read_guarded, m.prompt_id, k, read) for k, read in reads]
+        wait(futures)  # all of them: none may still be writing into `out` once we return or raise
+        for f in futures:
+            f.result()
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _require(self, prompt_id: str) -> PromptManifest:
+        m = self.manifest(prompt_id)
+        if m is None:
+            raise PromptNotStored(f"prompt {prompt_id!r} is not stored for model {self.fingerprint}")
+        return m
+
+    def _layer_dir(self, prompt_id: str, layer: int) -> Path:
+        return self._prompts / prompt_id / "layers" / str(layer)
+
+    def _open(self, prompt_id: str, rel: str) -> zarr.Array[Any]:
+        try:
+            return chunks.open_array(self._prompts / prompt_id / rel)
+        except _READ_ERRORS as e:
+            raise StoreCorrupt(f"prompt {prompt_id!r}: {rel} unreadable: {e}") from e
+
+    def _layer_array(self, m: PromptManifest, layer: int) -> _Layer:
+        # Opening parses zarr.json; published arrays never change, so recently used ones are kept.
+        prompt_id = m.prompt_id
+        key = (prompt_id, layer)
+        with self._guard:
+            found = self._arrays.get(key)
+            if found is not None:
+                self._arrays.move_to_end(key)
+        if found is None:
+            arr = self._open(prompt_id, f"layers/{layer}")
+            if arr.shape != (m.num_tokens, self.hidden_size) or arr.dtype != self._storage_dtype:
+                raise StoreCorrupt(
+                    f"prompt {prompt_id!r} layer {layer}: array {arr.dtype} {arr.shape} does not match "
+                    f"the manifest ({m.num_tokens}, {self.hidden_size})"
+                )
+            found = (arr, chunks.blosc_chunks(arr, self._layer_dir(prompt_id, layer)))
+            with self._guard:
+                self._arrays[key] = found
+                if len(self._arrays) > _OPEN_ARRAYS:
+                    self._arrays.popitem(last=False)
+        return found
+
+    def _parse_manifest(self, prompt_id: str, text: str) -> PromptManifest:
+        try:
+            m = PromptManifest.model_validate_json(text)
+        except ValidationError as e:
+            raise StoreCorrupt(f"prompt {prompt_id!r}: manifest unreadable: {e}") from e
+        expected = (prompt_id, self.fingerprint, self._dtype_name, self.hidden_size)
+        if (m.prompt_id, m.model_fingerprint, m.dtype, m.hidden_size) != expected:
+            raise StoreCorrupt(
+                f"prompt {prompt_id!r}: manifest says {m.prompt_id}/{m.model_fingerprint}/{m.dtype}/"
+                f"H={m.hidden_size}, this store is {self.fingerprint}/{self._dtype_name}/H={self.hidden_size}"
+            )
+        return m
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def _check_tokens(self, token_ids: np.ndarray, prompt_len: int) -> np.ndarray:
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise StoreInputError(f"token_ids must be a non-empty 1-D int array, got {ids.dtype} {ids.shape}")
+        if not 1 <= prompt_len <= ids.size:
+            raise StoreInputError(f"prompt_len {prompt_len} outside [1, {ids.size}]")
+        return np.ascontiguousarray(ids, dtype="<i8")
+
+    def _check_layer(self, layer: int, t: torch.Tensor, num_tokens: int) -> np.ndarray:
+        want = (num_tokens, self.hidden_size)
+        if t.dtype != self.dtype or t.device.type != "cpu" or tuple(t.shape) != want:
+            raise StoreInputError(
+                f"layer {layer}: expected a CPU {self.dtype} tensor of shape {list(want)}, "
+                f"got {t.device.type} {t.dtype} {list(t.shape)}"
+            )
+        return as_numpy(t).view(self._storage_dtype)
+
+    def _stage(self, staging: Path, data: Mapping[int, np.ndarray], ids: np.ndarray | None) -> None:
+        """Write the new arrays under `staging` and make them durable."""
+        for k, a in data.items():
+            chunks.write_array(staging / "layers" / str(k), a, compress=True)
+        if ids is not None:
+            chunks.write_array(staging / "token_ids", ids, compress=False)
+        chunks.fsync_tree(staging)
+
+    def _publish(
+        self,
+        prompt_id: str,
+        staging: Path,
+        old: PromptManifest | None,
+        ids: np.ndarray,
+        prompt_len: int,
+        new_layers: list[int],
+        greedy_mismatches: int | None,
+    ) -> PromptManifest:
+        prompt_dir = self._prompts / prompt_id
+        if old is None:
+            # A prompt dir without a manifest is an interrupted write: never published, safe to drop.
+            shutil.rmtree(prompt_dir, ignore_errors=True)
+            (prompt_dir / "layers").mkdir(parents=True)
+            os.rename(staging / "token_ids", prompt_dir / "token_ids")
+        for k in new_layers:
+            dest = prompt_dir / "layers" / str(k)
+            shutil.rmtree(dest, ignore_errors=True)  # unlisted leftover of an interrupted add
+            os.rename(staging / "layers" / str(k), dest)
+        for d in (prompt_dir / "layers", prompt_dir, self._prompts):
+            chunks.fsync_dir(d)
+        itemsize = self._storage_dtype.itemsize
+        m = PromptManifest(
+            prompt_id=prompt_id,
+            model_fingerprint=self.fingerprint,
+            model_name=self.model_name,
+            dtype=self._dtype_name,  # type: ignore[arg-type]  # checked by is_supported in __init__
+            layers=tuple(sorted({*new_layers, *(old.layers if old else ())})),
+            prompt_len=prompt_len,
+            num_tokens=len(ids),
+            hidden_size=self.hidden_size,
+            token_sha256=token_sha256(ids),
+            codec=old.codec if old else chunks.describe(itemsize),
+            created_at=old.created_at if old else datetime.now(UTC).isoformat(),
+            greedy_mismatches=old.greedy_mismatches if old else greedy_mismatches,
+        )
+        chunks.replace_file(prompt_dir / MANIFEST, m.model_dump_json(indent=1).encode())
+        with self._guard:
+            self._manifests[prompt_id] = m
+        return m
+
+    @contextmanager
+    def _prompt_lock(self, prompt_id: str) -> Iterator[None]:
+        with self._guard:
+            lock = self._prompt_locks.setdefault(prompt_id, threading.Lock())
+        with lock:
+            yield
+
+
+def _read_guarded(prompt_id: str, layer: int, read: Callable[[], None]) -> None:
+    try:
+        read()
+    except _READ_ERRORS as e:
+        raise StoreCorrupt(f"prompt {prompt_id!r} layer {layer}: {e}") from e
+
+
+def _layer_id(layer: object) -> int:
+    if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or layer < 0:
+        raise StoreInputError(f"layer ids must be ints >= 0, got {layer!r}")
+    return int(layer)
+
+
+def _check_name(name: str, what: str) -> None:
+    if not _SAFE_NAME.fullmatch(name):
+        raise StoreInputError(f"{what} {name!r} must match {_SAFE_NAME.pattern}")
+
+
+__all__ = [
+    "HiddenStore",
+    "LayersNotStored",
+    "PromptManifest",
+    "PromptNotStored",
+    "StoreCorrupt",
+    "StoreError",
+    "StoreInputError",
+    "token_sha256",
+]

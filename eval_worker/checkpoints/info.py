@@ -1,0 +1,48 @@
+"""`eval-worker inspect`: what a checkpoint is and which target layers it needs, without evaluating."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eval_worker.checkpoints.loading import load_checkpoint, read_raw
+from eval_worker.drafters.config import DrafterConfig
+
+
+def describe_checkpoint(path: Path, *, config_path: Path | None = None, server: str | None = None) -> str:
+    """What `eval-worker inspect` prints; with `server`, also the layers it would fetch from that target."""
+    raw = read_raw(path, config_path)
+    cfg = DrafterConfig.from_hf_dict(raw.config)
+    fc = raw.state.get("fc.weight")
+    fc_shape = list(fc.shape) if fc is not None else None
+    taps = fc_shape[1] // cfg.hidden_size if fc_shape and fc_shape[1] % cfg.hidden_size == 0 else None
+    if cfg.target_layer_ids is not None:
+        layers = f"{list(cfg.target_layer_ids)} (from the checkpoint)"
+    else:
+        layers = (
+            f"not in the checkpoint: inferred at evaluation from fc width ({taps} taps) with the DFlash "
+            "formula and the target's layer count"
+        )
+    lines = [
+        f"checkpoint         {path}",
+        f"format             {raw.format}",
+        f"step / epoch       {raw.step} / {raw.epoch}",
+        f"drafter            {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_attention_heads} heads "
+        f"({cfg.num_key_value_heads} kv) x {cfg.head_dim}, intermediate {cfg.intermediate_size}",
+        f"tensors            {len(raw.state)}",
+        f"block size         {cfg.block_size}",
+        f"mask token         {cfg.mask_token_id}",
+        f"target layers      {cfg.num_target_layers if cfg.num_target_layers is not None else '?'} in the target",
+        f"target_layer_ids   {layers}",
+        f"fc                 in_features {fc_shape[1] if fc_shape else '?'}, out_features "
+        f"{fc_shape[0] if fc_shape else '?'} ({taps} taps x {cfg.hidden_size})",
+    ]
+    if server is not None:
+        from cache_server.client import CacheClient
+
+        with CacheClient(server) as client:
+            info = client.model()
+        ckpt = load_checkpoint(path, info, config_path=config_path)  # raises CheckpointRefused if unfit
+        lines.append(
+            f"against {info.name:<10} layers {list(ckpt.target_layer_ids)} ({ckpt.layer_ids_source}); loads strictly"
+        )
+    return "\n".join(lines)

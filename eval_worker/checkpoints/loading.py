@@ -1,0 +1,220 @@
+"""Load DFlash drafter checkpoints - strictly, or not at all.
+
+Two layouts: a HF directory (`config.json` + `model.safetensors`, no remote code) and a `torch.save`
+dict `{"model_state_dict", "global_step", "epoch", "config"?}` read with `weights_only=True`.
+Anything that would not load with `strict=True` into a drafter fitting the target raises
+`CheckpointRefused` naming the tensor, the shapes and the layer ids.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import Tensor
+
+from eval_worker.checkpoints.layer_ids import LayerIdsSource, resolve_layer_ids
+from eval_worker.drafters.config import DrafterConfig
+from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.errors import CheckpointRefused
+from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS
+from schemas.model import ModelInfo
+
+log = logging.getLogger(__name__)
+
+CheckpointFormat = Literal["hf_dir", "torch_dict"]
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A drafter loaded strictly for a target, with where its layer ids came from."""
+
+    path: Path
+    format: CheckpointFormat
+    config: DrafterConfig
+    drafter: DFlashDrafter
+    target_layer_ids: tuple[int, ...]
+    layer_ids_source: LayerIdsSource
+    step: int | None
+    epoch: int | None
+
+
+@dataclass(frozen=True)
+class RawCheckpoint:
+    """A checkpoint's tensors and config as read, before any check against a target."""
+
+    format: CheckpointFormat
+    state: dict[str, Tensor]
+    config: dict[str, Any]
+    step: int | None
+    epoch: int | None
+
+
+def expected_shapes(cfg: DrafterConfig, num_taps: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a drafter with `num_taps` taps, in state-dict order (11 * layers + 3)."""
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, num_taps * h), "hidden_norm.weight": (h,)}
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (nh * d, h),
+            p + "self_attn.k_proj.weight": (nkv * d, h),
+            p + "self_attn.v_proj.weight": (nkv * d, h),
+            p + "self_attn.o_proj.weight": (h, nh * d),
+            p + "self_attn.q_norm.weight": (d,),
+            p + "self_attn.k_norm.weight": (d,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+        }
+    return shapes | {"norm.weight": (h,)}
+
+
+def load_checkpoint(
+    path: Path,
+    target: ModelInfo,
+    *,
+    config_path: Path | None = None,
+    layer_ids_override: Sequence[int] | None = None,
+    block_size_override: int | None = None,
+) -> LoadedCheckpoint:
+    """A drafter that fits `target`, loaded strictly from `path` (a HF dir or a torch.save file).
+
+    `layer_ids_override` is only for checkpoints that name no layers (one that contradicts them is
+    refused); `block_size_override` drafts a different block length than the config's."""
+    raw = read_raw(path, config_path)
+    cfg = DrafterConfig.from_hf_dict(raw.config, block_size=block_size_override)
+    _check_target_fit(cfg, target)
+    _check_key_set(raw.state, expected_shapes(cfg, 1))
+    layer_ids = resolve_layer_ids(
+        checkpoint_ids=cfg.target_layer_ids,
+        override=layer_ids_override,
+        fc_shape=tuple(raw.state["fc.weight"].shape),
+        hidden_size=target.hidden_size,
+        num_target_layers=target.num_layers,
+    )
+    _check_shapes(raw.state, expected_shapes(cfg, len(layer_ids.ids)))
+    drafter = DFlashDrafter(cfg, len(layer_ids.ids))
+    try:
+        drafter.load_state_dict(raw.state, strict=True)
+    except RuntimeError as exc:  # unreachable after the checks above, but never continue on a bad load
+        raise CheckpointRefused(f"{path}: load_state_dict(strict=True) failed: {exc}") from exc
+    drafter.eval()
+    log.info(
+        "loaded %s checkpoint %s (step %s): target_layer_ids %s from %s, block_size %d",
+        raw.format, path, raw.step, list(layer_ids.ids), layer_ids.source, cfg.block_size,
+    )  # fmt: skip
+    return LoadedCheckpoint(path, raw.format, cfg, drafter, layer_ids.ids, layer_ids.source, raw.step, raw.epoch)
+
+
+def read_raw(path: Path, config_path: Path | None = None) -> RawCheckpoint:
+    """Tensors and config of a HF dir or a torch.save file, unchecked (for `inspect`)."""
+    if not path.exists():
+        raise CheckpointRefused(f"checkpoint {path} does not exist")
+    return _read_hf_dir(path, config_path) if path.is_dir() else _read_torch_dict(path, config_path)
+
+
+def _read_hf_dir(path: Path, config_path: Path | None) -> RawCheckpoint:
+    weights = path / HF_WEIGHTS
+    if not weights.is_file():
+        raise CheckpointRefused(f"{path} has no {HF_WEIGHTS} (sharded or .bin checkpoints are not supported)")
+    try:
+        state = load_file(weights)
+    except SafetensorError as exc:
+        raise CheckpointRefused(f"{weights} is not a readable safetensors file: {exc}") from exc
+    return RawCheckpoint("hf_dir", state, _read_json(config_path or path / HF_CONFIG), None, None)
+
+
+def _read_torch_dict(path: Path, config_path: Path | None) -> RawCheckpoint:
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as exc:
+        raise CheckpointRefused(f"{path} does not load with torch.load(weights_only=True): {exc}") from exc
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("model_state_dict"), Mapping):
+        raise CheckpointRefused(f"{path} is not a dict with a 'model_state_dict' mapping")
+    state = dict(obj["model_state_dict"])
+    not_tensors = [k for k, v in state.items() if not isinstance(v, Tensor)]
+    if not_tensors:
+        raise CheckpointRefused(f"{path}: model_state_dict entries {not_tensors} are not tensors")
+    if config_path is not None:
+        config = _read_json(config_path)
+    elif isinstance(obj.get("config"), Mapping):
+        config = dict(obj["config"])
+    else:
+        raise CheckpointRefused(f"{path} carries no 'config' dict; pass the drafter's config.json path")
+    step, epoch = obj.get("global_step"), obj.get("epoch")
+    return RawCheckpoint(
+        "torch_dict",
+        state,
+        config,
+        int(step) if step is not None else None,
+        int(epoch) if epoch is not None else None,
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointRefused(f"cannot read drafter config {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointRefused(f"drafter config {path} is not a JSON object")
+    return data
+
+
+def check_fits_target(checkpoint: LoadedCheckpoint, target: ModelInfo) -> None:
+    """Re-check a loaded checkpoint against a (possibly different) target description."""
+    _check_target_fit(checkpoint.config, target)
+    bad = [k for k in checkpoint.target_layer_ids if not 0 <= k < target.num_layers]
+    if bad:
+        raise CheckpointRefused(
+            f"target_layer_ids {list(checkpoint.target_layer_ids)} has ids {bad} outside "
+            f"[0, {target.num_layers}) for target {target.name!r}"
+        )
+
+
+def _check_target_fit(cfg: DrafterConfig, target: ModelInfo) -> None:
+    if cfg.hidden_size != target.hidden_size:
+        raise CheckpointRefused(
+            f"drafter hidden_size {cfg.hidden_size} != target {target.name!r} "
+            f"hidden_size {target.hidden_size} "
+            "(the drafter uses the target's embed_tokens and lm_head)"
+        )
+    if not 0 <= cfg.mask_token_id < target.vocab_size:
+        raise CheckpointRefused(
+            f"mask_token_id {cfg.mask_token_id} is outside the target vocab [0, {target.vocab_size})"
+        )
+    if cfg.num_target_layers is not None and cfg.num_target_layers != target.num_layers:
+        raise CheckpointRefused(
+            f"drafter was built for a {cfg.num_target_layers}-layer target; target {target.name!r} "
+            f"has {target.num_layers} layers"
+        )
+
+
+def _check_key_set(state: Mapping[str, Tensor], expected: Mapping[str, tuple[int, ...]]) -> None:
+    missing = [k for k in expected if k not in state]
+    unexpected = sorted(k for k in state if k not in expected)
+    if missing or unexpected:
+        raise CheckpointRefused(
+            f"state dict does not match the config: missing keys {missing}, unexpected keys {unexpected}"
+        )
+
+
+def _check_shapes(state: Mapping[str, Tensor], expected: Mapping[str, tuple[int, ...]]) -> None:
+    for name, shape in expected.items():
+        got = tuple(state[name].shape)
+        if got != shape:
+            raise CheckpointRefused(f"tensor {name} has shape {list(got)}, the config needs {list(shape)}")
+        if not state[name].is_floating_point():
+            raise CheckpointRefused(f"tensor {name} has dtype {state[name].dtype}, expected a float dtype")

@@ -1,0 +1,79 @@
+"""A local cache of the target's embed_tokens / lm_head, keyed by target fingerprint.
+
+They are the largest download an evaluation needs and are the same for every checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import uuid
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from cache_server.client import TargetHeads
+from cache_server.torch_utils import as_numpy
+from eval_worker.errors import FeatureMismatch
+from eval_worker.evaluation.source import FeatureSource
+from schemas.hidden import EMBED_TENSOR, LM_HEAD_TENSOR
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HEADS_DIR = Path("~/.cache/hidden-state-cache/heads")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+class HeadsCache:
+    """A directory of `<fingerprint>.safetensors` files, written atomically (replicas share it)."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = (directory or DEFAULT_HEADS_DIR).expanduser()
+
+    def path_for(self, fingerprint: str) -> Path:
+        """Where the heads of target `fingerprint` are kept."""
+        name = fingerprint if _SAFE_NAME.match(fingerprint) else hashlib.sha256(fingerprint.encode()).hexdigest()
+        return self.directory / f"{name}.safetensors"
+
+    def get(self, source: FeatureSource, fingerprint: str) -> TargetHeads:
+        """The heads of target `fingerprint`, from disk if cached, else fetched from `source` and stored."""
+        path = self.path_for(fingerprint)
+        if path.exists():
+            cached = _read(path, fingerprint)
+            if cached is not None:
+                log.info("target heads from cache %s", path)
+                return cached
+        heads = source.heads()
+        if heads.fingerprint != fingerprint:
+            raise FeatureMismatch(
+                f"the server's heads are for target {heads.fingerprint!r}, but its model is {fingerprint!r}"
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        # unique per writer: worker replicas share this directory (and, in containers, their pid)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        embed, lm_head = heads.to_torch()
+        save_file(
+            {EMBED_TENSOR: embed.contiguous(), LM_HEAD_TENSOR: lm_head.contiguous()},
+            tmp,
+            metadata={"fingerprint": fingerprint},
+        )
+        tmp.replace(path)
+        log.info("target heads fetched and cached at %s", path)
+        return heads
+
+
+def _read(path: Path, fingerprint: str) -> TargetHeads | None:
+    try:
+        with safe_open(path, framework="pt") as f:
+            stored = (f.metadata() or {}).get("fingerprint")
+            if stored != fingerprint:
+                log.warning("ignoring heads cache %s: it holds target %r, not %r", path, stored, fingerprint)
+                return None
+            return TargetHeads(
+                as_numpy(f.get_tensor(EMBED_TENSOR)), as_numpy(f.get_tensor(LM_HEAD_TENSOR)), fingerprint
+            )
+    except (SafetensorError, OSError, KeyError) as exc:
+        log.warning("ignoring unreadable heads cache %s: %s", path, exc)
+        return None

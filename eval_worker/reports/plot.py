@@ -1,0 +1,42 @@
+"""The `compare --plot` figure (matplotlib, from the `[plot]` extra, imported only here)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from eval_worker.reports.compare import acceptance_curve, by_step
+from schemas.report import EvalReport
+
+
+def plot(reports: Sequence[EvalReport], out: Path) -> None:
+    """Write a PNG: tau vs training step (chain and every tree), and each report's acceptance curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ordered = sorted(reports, key=by_step)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    steps = [r.step if r.step is not None else i for i, r in enumerate(ordered)]
+    left.plot(steps, [r.summary.chain.mean_tau for r in ordered], "o-", label="chain")
+    for b in sorted({b for r in ordered for b in r.summary.trees}):
+        pts = [(s, r.summary.trees[b].mean_tau) for s, r in zip(steps, ordered, strict=True) if b in r.summary.trees]
+        left.plot([p[0] for p in pts], [p[1] for p in pts], "s--", label=f"DDTree-{b}")
+    left.set(xlabel="training step", ylabel="tau (mean acceptance length)", title="tau vs step")
+    left.grid(alpha=0.3)
+    left.legend()
+    for s, r in zip(steps, ordered, strict=True):
+        curve = acceptance_curve(r.summary.chain, r.block_size)
+        right.plot(range(1, len(curve) + 1), curve, "o-", label=f"step {s}")
+    right.set(
+        xlabel="k (tokens accepted in a round, bonus included)",
+        ylabel="fraction of rounds with tau >= k",
+        title="chain acceptance by position",
+        ylim=(0, 1.05),
+    )
+    right.grid(alpha=0.3)
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,2 @@
+"""6. Acceptance length (tau): the chain and DDTree walks over cached sequences (`acceptance.py`,
+`ddtree.py`) and their summary over prompts (`summary.py`). Pure functions, testable on CPU."""

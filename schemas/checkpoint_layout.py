@@ -1,0 +1,27 @@
+"""What a drafter checkpoint looks like on disk, for the server's job intake, `watch` and the loader.
+
+Two layouts: a Hugging Face directory holding `config.json` + `model.safetensors`, or a file that
+`torch.save` wrote, which is a zip archive whatever its extension (legacy pickles are refused).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+HF_CONFIG = "config.json"
+HF_WEIGHTS = "model.safetensors"
+HF_FILES = (HF_CONFIG, HF_WEIGHTS)
+# Names `watch` looks at for torch files; a submitted file of any name is accepted if it is a zip.
+TORCH_SUFFIXES = (".pt", ".pth")
+
+
+def is_hf_dir(path: Path) -> bool:
+    """A directory with both HF checkpoint files as regular files."""
+    return path.is_dir() and all((path / name).is_file() for name in HF_FILES)
+
+
+def is_torch_archive(path: Path) -> bool:
+    """A complete `torch.save` zip archive (its central directory, written last, is there)."""
+    with path.open("rb") as f:
+        return zipfile.is_zipfile(f)

@@ -1,0 +1,64 @@
+"""What a layer id means, and the one parser and validator of layer lists and integer parameters.
+
+Layer id k is the output of decoder layer k, counting from 0: the residual stream after layer k,
+HF's `hidden_states[k + 1]`, with the last layer taken raw (before the final norm). Ids on the wire
+are plain ASCII decimal integers: `1_0`, `١` or `true` are refused, never read as a number.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator
+
+LayerConvention = Literal["decoder_output_0based"]
+LAYER_CONVENTION: LayerConvention = "decoder_output_0based"
+
+_ASCII_INT = re.compile(r"-?[0-9]+")
+
+
+def parse_int(text: str, what: str) -> int:
+    """`text` as a plain ASCII decimal integer (an optional leading minus), else ValueError."""
+    if not _ASCII_INT.fullmatch(text):
+        raise ValueError(f"{what} must be a plain decimal integer, got {text!r}")
+    return int(text)
+
+
+def parse_layer_list(text: str, what: str = "layers") -> list[int]:
+    """`"1,16,31"` -> `[1, 16, 31]`; ValueError naming `what` on anything else (empty -> [])."""
+    if not text.strip():
+        return []
+    return [parse_int(part.strip(), what) for part in text.split(",")]
+
+
+def format_layer_list(layers: Sequence[int]) -> str:
+    """`[1, 16, 31]` -> `"1,16,31"`, what `parse_layer_list` reads."""
+    return ",".join(str(k) for k in layers)
+
+
+def layer_list_problem(layers: Sequence[int], num_layers: int) -> str | None:
+    """Why `layers` is not a valid request against an `num_layers`-layer target, or None."""
+    valid = f"valid layer ids are 0..{num_layers - 1} (0-based decoder outputs)"
+    if not layers:
+        return f"no layers asked for; {valid}"
+    bad = [k for k in layers if not 0 <= k < num_layers]
+    if bad:
+        return f"layer ids {bad} are outside the target's 0..{num_layers - 1}; {valid}"
+    if len(set(layers)) != len(layers):
+        return f"duplicated layer ids in {list(layers)}; {valid}"
+    return None
+
+
+def _strict_int(value: object) -> object:
+    """Accept ints (not bools) and ASCII digit strings; leave the rest to pydantic to refuse."""
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not a boolean")
+    if isinstance(value, str):
+        return parse_int(value, "value")
+    return value
+
+
+# An integer parameter or field that only takes plain integers (or their ASCII spelling in a query).
+AsciiInt = Annotated[int, BeforeValidator(_strict_int)]

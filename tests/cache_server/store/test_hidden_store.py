@@ -1,0 +1,356 @@
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from zarr.codecs import BloscCodec
+from zarr.storage import LocalStore
+
+from cache_server.store import chunks as arrays
+from cache_server.store.hidden_store import (
+    HiddenStore,
+    LayersNotStored,
+    PromptNotStored,
+    StoreCorrupt,
+    StoreError,
+    StoreInputError,
+)
+from schemas.layers import LAYER_CONVENTION
+from tests.support.tensors import as_numpy, as_tensor
+
+H = 16
+T = 40
+OpenStore = Callable[..., HiddenStore]
+
+
+@pytest.fixture
+def open_store(tmp_path: Path) -> Iterator[OpenStore]:
+    opened: list[HiddenStore] = []
+
+    def _open(fingerprint: str = "fp0", dtype: torch.dtype = torch.bfloat16, **kw: object) -> HiddenStore:
+        store = HiddenStore(
+            tmp_path,
+            fingerprint=fingerprint,
+            model_name="tiny",
+            hidden_size=H,
+            dtype=dtype,
+            **kw,  # type: ignore[arg-type]
+        )
+        opened.append(store)
+        return store
+
+    yield _open
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """16-token chunks, so a 40-token prompt spans three chunks and ranges cross boundaries."""
+    monkeypatch.setattr(arrays, "CHUNK_TOKENS", 16)
+
+
+def make_layer(seed: int, dtype: torch.dtype, tokens: int = T) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    t = (torch.randn(tokens, H, generator=g) * 3).to(dtype)
+    if dtype != torch.float32 or seed % 2 == 0:
+        specials = torch.tensor([-0.0, float("inf"), float("-inf"), float("nan"), 1e-40, 0.0], dtype=dtype)
+        t[0, : len(specials)] = specials
+    return t
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def read(store: HiddenStore, prompt_id: str, layers: list[int], start: int = 0, stop: int = T) -> torch.Tensor:
+    out = np.empty((stop - start, len(layers) * H), dtype=store.numpy_dtype)
+    store.read_into(prompt_id, layers, out, start, stop)
+    return as_tensor(out)
+
+
+TOKENS = np.arange(100, 100 + T)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_round_trip_is_bit_exact(open_store: OpenStore, small_chunks: None, dtype: torch.dtype) -> None:
+    store = open_store(dtype=dtype)
+    layers = {k: make_layer(k, dtype) for k in (0, 3, 7)}
+    store.write("p1", TOKENS, 10, layers)
+    got = read(store, "p1", [0, 3, 7])
+    assert got.dtype == dtype
+    for i, k in enumerate((0, 3, 7)):
+        assert torch.equal(bits(got[:, i * H : (i + 1) * H]), bits(layers[k]))
+    np.testing.assert_array_equal(store.token_ids("p1"), TOKENS)
+    assert store.token_ids("p1").dtype == np.int64
+
+
+def test_request_order_and_ranges(open_store: OpenStore, small_chunks: None) -> None:
+    store = open_store()
+    layers = {k: make_layer(k, torch.bfloat16) for k in (1, 3, 5)}
+    store.write("p1", TOKENS, 10, layers)
+    order = [5, 1, 3]
+    for start, stop in [(0, T), (0, 1), (15, 17), (16, 32), (5, 39), (39, 40)]:
+        got = read(store, "p1", order, start, stop)
+        want = torch.cat([layers[k][start:stop] for k in order], dim=1)
+        assert torch.equal(bits(got), bits(want)), (start, stop)
+    # stop=None means "to the end"; an empty range touches nothing.
+    out = np.empty((T - 30, 2 * H), dtype=store.numpy_dtype)
+    store.read_into("p1", [3, 3], out, start=30)
+    assert torch.equal(bits(as_tensor(out)[:, H:]), bits(layers[3][30:]))
+    store.read_into("p1", [1], np.empty((0, H), dtype=store.numpy_dtype), 7, 7)
+
+
+def test_read_into_a_column_view_of_a_bigger_buffer(open_store: OpenStore) -> None:
+    store = open_store()
+    layers = {k: make_layer(k, torch.bfloat16) for k in (2, 4)}
+    store.write("p1", TOKENS, 10, layers)
+    buf = np.zeros((T, 4 * H), dtype=store.numpy_dtype)
+    store.read_into("p1", [4, 2], buf[:, H : 3 * H])
+    got = as_tensor(buf)
+    assert torch.equal(bits(got[:, H : 2 * H]), bits(layers[4]))
+    assert torch.equal(bits(got[:, 2 * H : 3 * H]), bits(layers[2]))
+    assert not got[:, :H].any() and not got[:, 3 * H :].any()
+
+
+def test_manifest_fields(open_store: OpenStore, tmp_path: Path) -> None:
+    store = open_store()
+    m = store.write(
+        "p1",
+        TOKENS.astype(np.int32),
+        12,
+        {7: make_layer(7, torch.bfloat16), 2: make_layer(2, torch.bfloat16)},
+    )
+    assert m.prompt_id == "p1"
+    assert (m.model_fingerprint, m.model_name, m.dtype) == ("fp0", "tiny", "bfloat16")
+    assert m.layer_convention == LAYER_CONVENTION
+    assert m.layers == (2, 7)
+    assert (m.prompt_len, m.num_tokens, m.hidden_size) == (12, T, H)
+    assert m.token_sha256 == hashlib.sha256(TOKENS.astype("<i8").tobytes()).hexdigest()
+    assert "zstd" in m.codec
+    assert datetime.fromisoformat(m.created_at).tzinfo is not None
+    on_disk = json.loads((tmp_path / "fp0" / "prompts" / "p1" / "manifest.json").read_text())
+    assert on_disk["layers"] == [2, 7] and on_disk["token_sha256"] == m.token_sha256
+    assert store.manifest("p1") == m
+    assert store.list_manifests() == [m]
+    assert store.manifest("nope") is None
+    assert store.namespace == tmp_path / "fp0"
+
+
+def test_adding_layers_keeps_old_ones(open_store: OpenStore, small_chunks: None) -> None:
+    store = open_store()
+    first = store.write("p1", TOKENS, 10, {3: make_layer(3, torch.bfloat16)})
+    # Layer 3 is already stored: the new tensor given for it is ignored, layer 1 is added.
+    second = store.write("p1", TOKENS, 10, {1: make_layer(1, torch.bfloat16), 3: make_layer(99, torch.bfloat16)})
+    assert second.layers == (1, 3)
+    assert second.created_at == first.created_at
+    assert torch.equal(bits(read(store, "p1", [3])), bits(make_layer(3, torch.bfloat16)))
+    assert torch.equal(bits(read(store, "p1", [1])), bits(make_layer(1, torch.bfloat16)))
+    assert store.write("p1", TOKENS, 10, {1: make_layer(1, torch.bfloat16)}) == second
+    reopened_manifest = json.loads((store.namespace / "prompts" / "p1" / "manifest.json").read_text())
+    assert reopened_manifest["layers"] == [1, 3]
+
+
+def test_add_with_other_tokens_or_prompt_len_raises(open_store: OpenStore) -> None:
+    store = open_store()
+    store.write("p1", TOKENS, 10, {3: make_layer(3, torch.bfloat16)})
+    other = TOKENS.copy()
+    other[-1] += 1
+    with pytest.raises(StoreError, match="other token ids"):
+        store.write("p1", other, 10, {1: make_layer(1, torch.bfloat16)})
+    with pytest.raises(StoreInputError):
+        store.write("p1", TOKENS, 11, {1: make_layer(1, torch.bfloat16)})
+    assert store.manifest("p1").layers == (3,)  # type: ignore[union-attr]
+
+
+def test_other_fingerprint_sees_nothing(open_store: OpenStore) -> None:
+    a = open_store("model-a")
+    a.write("p1", TOKENS, 10, {0: make_layer(0, torch.bfloat16)})
+    b = open_store("model-b")
+    assert b.manifest("p1") is None
+    assert b.list_manifests() == []
+    with pytest.raises(PromptNotStored):
+        b.read_into("p1", [0], np.empty((T, H), dtype=b.numpy_dtype))
+
+
+def test_unknown_layers_raise_naming_them(open_store: OpenStore) -> None:
+    store = open_store()
+    store.write("p1", TOKENS, 10, {3: make_layer(3, torch.bfloat16)})
+    with pytest.raises(LayersNotStored, match=r"\[2, 9\]") as info:
+        store.read_into("p1", [9, 3, 2], np.empty((T, 3 * H), dtype=store.numpy_dtype))
+    assert info.value.missing == (2, 9)
+
+
+def test_bad_inputs_are_rejected(open_store: OpenStore) -> None:
+    store = open_store()
+    good = make_layer(0, torch.bfloat16)
+    cases: list[tuple[str, np.ndarray, int, dict[int, torch.Tensor], str]] = [
+        ("p1", TOKENS, 10, {0: good.float()}, "bfloat16"),
+        ("p1", TOKENS, 10, {0: good[:-1]}, r"\[40, 16\]"),
+        ("p1", TOKENS, 0, {0: good}, "prompt_len"),
+        ("p1", TOKENS.astype(np.float32), 10, {0: good}, "token_ids"),
+        ("p1", TOKENS, 10, {-1: good}, "layer ids"),
+        ("p1", TOKENS, 10, {}, "at least one layer"),
+        ("../evil", TOKENS, 10, {0: good}, "prompt id"),
+    ]
+    for prompt_id, tokens, prompt_len, layers, message in cases:
+        with pytest.raises(StoreInputError, match=message):
+            store.write(prompt_id, tokens, prompt_len, layers)
+    assert store.list_manifests() == []
+    store.write("p1", TOKENS, 10, {0: good})
+    with pytest.raises(StoreInputError, match="shape"):
+        store.read_into("p1", [0], np.empty((T, 2 * H), dtype=store.numpy_dtype))
+    with pytest.raises(StoreInputError, match="shape"):
+        store.read_into("p1", [0], np.empty((T, H), dtype=np.float32))
+    with pytest.raises(StoreInputError, match="outside"):
+        store.read_into("p1", [0], np.empty((5, H), dtype=store.numpy_dtype), T - 2, T + 3)
+
+
+def test_interrupted_writes_are_never_served_and_removed_on_reopen(open_store: OpenStore) -> None:
+    store = open_store()
+    store.write("p1", TOKENS, 10, {3: make_layer(3, torch.bfloat16)})
+    ns = store.namespace
+    store.close()
+    # What a kill leaves: a staging dir with a zarr orphan, a prompt dir whose manifest never came,
+    # a layer dir renamed in before the manifest listing it, a manifest temp file.
+    (ns / "tmp" / "dead" / "layers" / "0").mkdir(parents=True)
+    (ns / "tmp" / "dead" / "layers" / "0" / "zarr.json.abc.partial").write_text("{")
+    arrays.write_array(ns / "prompts" / "p2" / "layers" / "0", np.zeros((T, H), np.uint16), compress=True)
+    arrays.write_array(ns / "prompts" / "p1" / "layers" / "5", np.ones((T, H), np.uint16), compress=True)
+    (ns / "prompts" / "p1" / "manifest.json.123.tmp").write_text("{")
+
+    store = open_store()
+    assert [m.prompt_id for m in store.list_manifests()] == ["p1"]
+    assert store.manifest("p2") is None
+    assert not (ns / "prompts" / "p2").exists()
+    assert not (ns / "prompts" / "p1" / "layers" / "5").exists()
+    assert not (ns / "prompts" / "p1" / "manifest.json.123.tmp").exists()
+    assert list((ns / "tmp").iterdir()) == []
+    with pytest.raises(LayersNotStored):
+        store.read_into("p1", [5], np.empty((T, H), dtype=store.numpy_dtype))
+    # The caller recomputes; both writes now succeed.
+    store.write("p1", TOKENS, 10, {5: make_layer(5, torch.bfloat16)})
+    store.write("p2", TOKENS, 10, {0: make_layer(0, torch.bfloat16)})
+    assert torch.equal(bits(read(store, "p1", [5])), bits(make_layer(5, torch.bfloat16)))
+
+
+def test_failed_publish_leaves_nothing_visible(open_store: OpenStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store()
+
+    def crash(path: Path, payload: bytes) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(arrays, "replace_file", crash)
+    with pytest.raises(OSError, match="disk full"):
+        store.write("p1", TOKENS, 10, {0: make_layer(0, torch.bfloat16)})
+    assert store.manifest("p1") is None
+    with pytest.raises(PromptNotStored):
+        store.token_ids("p1")
+    monkeypatch.undo()
+    store.write("p1", TOKENS, 10, {0: make_layer(0, torch.bfloat16)})
+    assert store.manifest("p1").layers == (0,)  # type: ignore[union-attr]
+
+
+def test_missing_chunk_is_corruption_not_zeros(open_store: OpenStore, small_chunks: None) -> None:
+    store = open_store()
+    zeros = torch.zeros(T, H, dtype=torch.bfloat16)
+    store.write("p1", TOKENS, 10, {0: zeros, 1: make_layer(1, torch.bfloat16)})
+    assert torch.equal(bits(read(store, "p1", [0])), bits(zeros))  # all-zero chunks are still written
+    arrays.chunk_file(store.namespace / "prompts" / "p1" / "layers" / "1", 1).unlink()
+    read(store, "p1", [1], 0, 16)  # chunk 0 is intact
+    with pytest.raises(StoreCorrupt, match="chunk 1"):
+        read(store, "p1", [0, 1], 10, 20)
+
+
+def test_one_store_per_namespace(open_store: OpenStore) -> None:
+    first = open_store()
+    with pytest.raises(StoreError, match="already open"):
+        open_store()
+    first.close()
+    open_store()
+
+
+# -- the direct chunk reader (arrays.ChunkReader) against zarr ------------------------------------
+
+RANGES = [(0, T), (0, 1), (15, 17), (16, 32), (5, 39), (39, 40), (31, 33)]
+
+
+def layer_dir(store: HiddenStore, prompt_id: str, layer: int) -> Path:
+    return store.namespace / "prompts" / prompt_id / "layers" / str(layer)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_direct_chunk_reads_match_zarr(
+    open_store: OpenStore, small_chunks: None, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    store = open_store(dtype=dtype)
+    layers = {k: make_layer(k, dtype) for k in (1, 3, 5)}
+    store.write("p1", TOKENS, 10, layers)
+    arr = arrays.open_array(layer_dir(store, "p1", 1))
+    chunks = arrays.blosc_chunks(arr, layer_dir(store, "p1", 1))
+    assert chunks is not None and chunks.chunk_rows == 16  # the direct path is the one under test
+    # One layer decodes full chunks straight into `out`; several go through a scratch into column slices.
+    requests = [[5, 1, 3], [3], [1, 1]]
+    direct = {(tuple(ks), r): read(store, "p1", ks, *r) for ks in requests for r in RANGES}
+    store.close()
+    monkeypatch.setattr(arrays, "blosc_chunks", lambda arr, array_dir: None)
+    via_zarr = open_store(dtype=dtype)
+    for (ks, (start, stop)), got in direct.items():
+        want = torch.cat([layers[k][start:stop] for k in ks], dim=1)
+        assert torch.equal(bits(got), bits(want)), (ks, start, stop)
+        assert torch.equal(bits(read(via_zarr, "p1", list(ks), start, stop)), bits(got)), (ks, start, stop)
+
+
+def test_other_array_layouts_are_read_through_zarr(open_store: OpenStore, small_chunks: None, tmp_path: Path) -> None:
+    data = make_layer(0, torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    arrays.write_array(tmp_path / "ours", data, compress=True)
+    arrays.write_array(tmp_path / "raw", data, compress=False)
+    assert arrays.blosc_chunks(arrays.open_array(tmp_path / "ours"), tmp_path / "ours") is not None
+    assert arrays.blosc_chunks(arrays.open_array(tmp_path / "raw"), tmp_path / "raw") is None
+    # A layer someone rewrote with another codec and chunk key encoding still reads back exactly.
+    store = open_store()
+    layers = {k: make_layer(k, torch.bfloat16) for k in (0, 1)}
+    store.write("p1", TOKENS, 10, layers)
+    other = layer_dir(store, "p1", 1)
+    shutil.rmtree(other)
+    zarr.create_array(
+        store=LocalStore(other),
+        data=as_numpy(layers[1]).view(np.uint16),
+        chunks=(8, H),
+        compressors=BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle"),
+        chunk_key_encoding={"name": "default", "separator": "."},
+        zarr_format=3,
+    )
+    assert arrays.blosc_chunks(arrays.open_array(other), other) is None
+    for start, stop in RANGES:
+        want = torch.cat([layers[k][start:stop] for k in (1, 0)], dim=1)
+        assert torch.equal(bits(read(store, "p1", [1, 0], start, stop)), bits(want)), (start, stop)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "other width", "bad header"])
+def test_damaged_chunk_is_corruption_not_garbage(open_store: OpenStore, small_chunks: None, damage: str) -> None:
+    store = open_store()
+    store.write("p1", TOKENS, 10, {0: make_layer(0, torch.bfloat16), 1: make_layer(1, torch.bfloat16)})
+    chunk = arrays.chunk_file(layer_dir(store, "p1", 1), 1)
+    payload = chunk.read_bytes()
+    if damage == "truncated":
+        chunk.write_bytes(payload[:-1])
+    elif damage == "empty":
+        chunk.write_bytes(b"")
+    elif damage == "other width":  # a whole, valid chunk of the wrong size
+        arrays.write_array(store.namespace / "wide", np.ones((16, 2 * H), dtype=np.uint16), compress=True)
+        chunk.write_bytes(arrays.chunk_file(store.namespace / "wide", 0).read_bytes())
+    else:
+        chunk.write_bytes(payload[:16] + bytes(len(payload) - 16))  # header intact, blocks zeroed
+    read(store, "p1", [1], 0, 16)  # chunk 0 is intact
+    for layers in ([1], [0, 1]):
+        with pytest.raises(StoreCorrupt, match=r"layer 1: chunk 1 (is damaged|is truncated|does not decode)"):
+            read(store, "p1", layers, 10, 20)

@@ -1,0 +1,39 @@
+"""Write drafter checkpoints in the layouts the loader reads (for tests, the demo and the benches)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from eval_worker.drafters.config import HfLayout
+from eval_worker.drafters.model import DFlashDrafter
+from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS
+
+
+def save_hf_checkpoint(out_dir: Path, drafter: DFlashDrafter, *, layout: HfLayout = "published") -> Path:
+    """Write `config.json` + `model.safetensors` in the published DFlash layout."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
+    save_file(state, out_dir / HF_WEIGHTS)
+    (out_dir / HF_CONFIG).write_text(json.dumps(drafter.cfg.to_hf_dict(layout), indent=2))
+    return out_dir
+
+
+def save_torch_checkpoint(
+    path: Path, drafter: DFlashDrafter, *, global_step: int, epoch: int, include_config: bool = True
+) -> Path:
+    """Write a training-style `torch.save` dict (the HF config dict embedded unless told not to)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    obj: dict[str, Any] = {
+        "model_state_dict": {k: v.detach().cpu() for k, v in drafter.state_dict().items()},
+        "global_step": global_step,
+        "epoch": epoch,
+    }
+    if include_config:
+        obj["config"] = drafter.cfg.to_hf_dict()
+    torch.save(obj, path)
+    return path
