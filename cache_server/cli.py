@@ -50,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValidationError, ValueError, FileNotFoundError) as e:
         print(f"cache-server: {e}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as e:
+        print(f"cache-server needs {e.name}: pip install 'hidden-state-cache[server]'", file=sys.stderr)
+        return 2
     return _serve(settings)
 
 

@@ -127,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ValidationError) as e:
         print(f"eval-worker: {e}", file=sys.stderr)
         return ExitCode.usage
+    except ModuleNotFoundError as e:  # the light install runs submit, watch and compare only
+        extra = "plot" if e.name == "matplotlib" else "worker"
+        print(f"eval-worker {args.command} needs {e.name}: pip install 'hidden-state-cache[{extra}]'", file=sys.stderr)
+        return ExitCode.usage
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ def _distinct(values: list[Any], what: str) -> None:
 
 
 class JobStatus(StrEnum):
+    """Where a job is in its life."""
+
     queued = "queued"
     running = "running"
     done = "done"
@@ -100,6 +102,8 @@ class JobState(BaseModel):
 
 
 class JobPage(BaseModel):
+    """One page of `GET /jobs`."""
+
     jobs: list[JobState]
     total: int
     offset: int
@@ -107,6 +111,8 @@ class JobPage(BaseModel):
 
 
 class ClaimRequest(BaseModel):
+    """`POST /jobs/claim`: who claims, and for how long."""
+
     model_config = ConfigDict(extra="forbid")
     worker: str = Field(min_length=1, max_length=256)
     lease_s: float = Field(gt=0, le=MAX_LEASE_S)
@@ -123,18 +129,24 @@ class Claim(BaseModel):
 
 
 class RenewRequest(BaseModel):
+    """`POST /jobs/{id}/renew`."""
+
     model_config = ConfigDict(extra="forbid")
     lease: str = Field(min_length=1)
     lease_s: float | None = Field(default=None, gt=0, le=MAX_LEASE_S, description="default: the claim's")
 
 
 class CompleteRequest(BaseModel):
+    """`POST /jobs/{id}/complete`: the job's one report."""
+
     model_config = ConfigDict(extra="forbid")
     lease: str = Field(min_length=1)
     report: EvalReport
 
 
 class FailRequest(BaseModel):
+    """`POST /jobs/{id}/fail`: what went wrong, and whether another attempt may help."""
+
     model_config = ConfigDict(extra="forbid")
     lease: str = Field(min_length=1)
     error: str = Field(min_length=1, description=f"kept to its last {MAX_ERROR_CHARS} characters")

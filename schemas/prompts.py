@@ -52,32 +52,44 @@ class PromptSpec(BaseModel):
 
 
 class GenerateSpec(BaseModel):
+    """Generate each response with the target, greedily, up to `max_new_tokens`."""
+
     model_config = ConfigDict(extra="forbid")
     max_new_tokens: int = Field(ge=1, le=MAX_NEW_TOKENS_LIMIT)
 
 
 class RegisterRequest(BaseModel):
+    """`POST /prompts`."""
+
     model_config = ConfigDict(extra="forbid")
     prompts: list[PromptSpec] = Field(min_length=1, max_length=10000)
     generate: GenerateSpec | None = None
 
 
 class PromptStatus(StrEnum):
+    """Where a prompt's computation is."""
+
     pending = "pending"
     ready = "ready"
     failed = "failed"
 
 
 class RegisteredPrompt(BaseModel):
+    """A registered prompt's id and status."""
+
     prompt_id: str
     status: PromptStatus
 
 
 class RegisterResponse(BaseModel):
+    """The answer of `POST /prompts`, one entry per prompt in request order."""
+
     prompts: list[RegisteredPrompt]
 
 
 class PromptState(BaseModel):
+    """`GET /prompts/{id}`: status, tokens and what is stored."""
+
     prompt_id: str
     name: str | None = None
     status: PromptStatus
@@ -92,6 +104,8 @@ class PromptState(BaseModel):
 
 
 class PromptPage(BaseModel):
+    """One page of `GET /prompts`."""
+
     prompts: list[PromptState]
     total: int
     offset: int

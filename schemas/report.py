@@ -16,6 +16,8 @@ class RoundTaus(BaseModel):
 
 
 class PromptEval(BaseModel):
+    """One prompt's round taus, chain and per tree budget."""
+
     model_config = ConfigDict(extra="forbid")
     prompt_id: str
     prompt_len: int
@@ -43,6 +45,8 @@ class TauSummary(BaseModel):
 
 
 class EvalSummary(BaseModel):
+    """The run's numbers over all prompts."""
+
     model_config = ConfigDict(extra="forbid")
     chain: TauSummary
     trees: dict[int, TauSummary] = Field(default_factory=dict)
@@ -54,6 +58,8 @@ class EvalSummary(BaseModel):
 
 
 class EvalReport(BaseModel):
+    """One checkpoint evaluated against one target: what was measured, how, and the results."""
+
     model_config = ConfigDict(extra="forbid")
     checkpoint_path: str
     format: Literal["hf_dir", "torch_dict"]

@@ -70,6 +70,7 @@ def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
 
 
 def tiny_config(layers: int, hidden: int, vocab: int) -> Qwen3Config:
+    """A small Qwen3 config: `layers` decoder layers of width `hidden`, untied heads."""
     heads = max(2, hidden // 16)
     return Qwen3Config(
         vocab_size=vocab,

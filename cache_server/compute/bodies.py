@@ -10,7 +10,8 @@ from safetensors.torch import save
 
 from cache_server.capture.target import Target
 from cache_server.errors import InvalidLayers
-from cache_server.store.hidden_store import HiddenStore, PromptManifest
+from cache_server.store.hidden_store import HiddenStore
+from cache_server.store.manifest import PromptManifest
 from cache_server.torch_utils import dtype_name
 from schemas.hidden import EMBED_TENSOR, HIDDEN_TENSOR, LM_HEAD_TENSOR, TOKEN_IDS_TENSOR, HiddenMetadata
 from schemas.safetensors_frame import FramedBody, TensorSpec, frame, numpy_dtype

@@ -27,6 +27,7 @@ class Registration(BaseModel):
 
     @property
     def prompt_len(self) -> int:
+        """Tokens in the prompt."""
         return len(self.prompt_ids)
 
 
@@ -64,9 +65,11 @@ class Registry:
             return True
 
     def get(self, prompt_id: str) -> Registration | None:
+        """The registration of `prompt_id`, or None."""
         with self._lock:
             return self._items.get(prompt_id)
 
     def all(self) -> list[Registration]:
+        """Every registration, in no particular order."""
         with self._lock:
             return list(self._items.values())

@@ -20,7 +20,8 @@ from cache_server.capture.target import Captured, Target
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.registry import Registration
 from cache_server.errors import PromptFailed
-from cache_server.store.hidden_store import HiddenStore, PromptManifest
+from cache_server.store.hidden_store import HiddenStore
+from cache_server.store.manifest import PromptManifest
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from cache_server.compute.metrics import Metrics
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.scheduler import Scheduler
 from cache_server.errors import InvalidLayers, PromptNotFound, PromptNotReady
-from cache_server.store.hidden_store import HiddenStore, PromptManifest
+from cache_server.store.hidden_store import HiddenStore
+from cache_server.store.manifest import PromptManifest
 from cache_server.torch_utils import dtype_name
 from schemas.layers import layer_list_problem, parse_layer_list
 from schemas.model import ModelInfo

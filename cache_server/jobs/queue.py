@@ -16,43 +16,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from cache_server.errors import JobFailed, JobNotFound, JobRunning, LeaseLost, ReportNotReady
+from cache_server.jobs.rows import SCHEMA, SCHEMA_VERSION, STATE_COLUMNS, job_state
 from schemas.jobs import JobPage, JobState, JobStatus, JobSubmit
-
-SCHEMA_VERSION = 1
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    job_id TEXT PRIMARY KEY,
-    status TEXT NOT NULL CHECK (status IN ('queued', 'running', 'done', 'failed')),
-    checkpoint TEXT NOT NULL,
-    checkpoint_relative TEXT NOT NULL,
-    prompts TEXT NOT NULL,            -- JSON: "all" or a list of prompt ids
-    tree_budgets TEXT NOT NULL,       -- JSON list
-    target_layer_ids TEXT,            -- JSON list or NULL
-    block_size INTEGER,
-    target_fingerprint TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    max_attempts INTEGER NOT NULL,
-    worker TEXT,
-    lease TEXT,
-    lease_s REAL,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    lease_expires_at REAL,
-    error TEXT,
-    report TEXT                       -- EvalReport JSON, set once when done
-);
-CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
-"""
-_STATE_COLUMNS = (
-    "job_id, status, checkpoint, checkpoint_relative, prompts, tree_budgets, target_layer_ids, block_size, "
-    "target_fingerprint, attempts, max_attempts, worker, created_at, started_at, finished_at, "
-    "lease_expires_at, error"
-)
 
 
 @dataclass(frozen=True)
@@ -61,32 +29,6 @@ class Leased:
 
     job: JobState
     lease: str
-
-
-def _time(t: float | None) -> datetime | None:
-    return datetime.fromtimestamp(t, UTC) if t is not None else None
-
-
-def _state(row: sqlite3.Row) -> JobState:
-    return JobState(
-        job_id=row["job_id"],
-        status=JobStatus(row["status"]),
-        checkpoint=row["checkpoint"],
-        checkpoint_relative=row["checkpoint_relative"],
-        prompts=json.loads(row["prompts"]),
-        tree_budgets=json.loads(row["tree_budgets"]),
-        target_layer_ids=json.loads(row["target_layer_ids"]) if row["target_layer_ids"] else None,
-        block_size=row["block_size"],
-        target_fingerprint=row["target_fingerprint"],
-        attempts=row["attempts"],
-        max_attempts=row["max_attempts"],
-        worker=row["worker"],
-        created_at=datetime.fromtimestamp(row["created_at"], UTC),
-        started_at=_time(row["started_at"]),
-        finished_at=_time(row["finished_at"]),
-        lease_expires_at=_time(row["lease_expires_at"]),
-        error=row["error"],
-    )
 
 
 class JobStore:
@@ -107,7 +49,7 @@ class JobStore:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, SCHEMA_VERSION):
             raise RuntimeError(f"{path} has job schema version {version}; this server knows {SCHEMA_VERSION}")
-        conn.executescript(_SCHEMA)  # idempotent, so concurrent first opens are harmless
+        conn.executescript(SCHEMA)  # idempotent, so concurrent first opens are harmless
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     # -- connections ----------------------------------------------------------------------------
@@ -138,6 +80,7 @@ class JobStore:
             conn.execute("COMMIT")
 
     def close(self) -> None:
+        """Close every thread's connection."""
         with self._all_lock:
             for conn in self._all:
                 conn.close()
@@ -170,6 +113,7 @@ class JobStore:
             return self._get(c, job_id)
 
     def get(self, job_id: str) -> JobState:
+        """One job's state; JobNotFound if there is none."""
         with self._write() as c:
             self._fail_exhausted(c)
             return self._get(c, job_id)
@@ -181,10 +125,10 @@ class JobStore:
             self._fail_exhausted(c)
             total = c.execute(f"SELECT COUNT(*) FROM jobs {where}", args).fetchone()[0]
             rows = c.execute(
-                f"SELECT {_STATE_COLUMNS} FROM jobs {where} ORDER BY rowid LIMIT ? OFFSET ?",
+                f"SELECT {STATE_COLUMNS} FROM jobs {where} ORDER BY rowid LIMIT ? OFFSET ?",
                 (*args, limit, offset),
             ).fetchall()
-        return JobPage(jobs=[_state(r) for r in rows], total=total, offset=offset, limit=limit)
+        return JobPage(jobs=[job_state(r) for r in rows], total=total, offset=offset, limit=limit)
 
     def delete(self, job_id: str) -> None:
         """Remove a job that is not running, with its report (one transaction: no claim slips in)."""
@@ -301,7 +245,7 @@ class JobStore:
         return row
 
     def _get(self, c: sqlite3.Connection, job_id: str) -> JobState:
-        return _state(self._row(c, job_id, _STATE_COLUMNS))
+        return job_state(self._row(c, job_id, STATE_COLUMNS))
 
     def _held(self, c: sqlite3.Connection, job_id: str, lease: str) -> sqlite3.Row:
         """The job's row if `lease` is its current lease (expired but not yet taken over counts)."""

@@ -89,6 +89,7 @@ def write_array(path: Path, data: np.ndarray, *, compress: bool) -> None:
 
 
 def open_array(path: Path) -> zarr.Array[Any]:
+    """Open a stored array read-only."""
     return zarr.open_array(store=LocalStore(path, read_only=True), mode="r", zarr_format=3)
 
 
@@ -118,6 +119,7 @@ class BloscChunks:
 
     @property
     def chunk_nbytes(self) -> int:
+        """Compressed size of chunk `c` (its file's size)."""
         return self.chunk_rows * self.width * self.dtype.itemsize  # the last chunk is padded to full size
 
     def pieces(self, start: int, stop: int) -> list[tuple[int, int, int, int]]:
@@ -232,6 +234,7 @@ class ChunkReader:
 
 
 def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (renames, new files) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

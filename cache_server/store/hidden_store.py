@@ -11,36 +11,31 @@ the codec and chunk reads in `chunks.py`.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 import threading
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 import torch
-import zarr
 from pydantic import ValidationError
 
-from cache_server.store import chunks
+from cache_server.store import chunks, publish
 from cache_server.store.manifest import (
     LayersNotStored,
     PromptManifest,
     PromptNotStored,
     StoreCorrupt,
-    StoreError,
     StoreInputError,
     token_sha256,
 )
+from cache_server.store.reader import READ_ERRORS, LayerReader
 from cache_server.store.recovery import MANIFEST, lock_namespace, sweep_interrupted_writes
 from cache_server.torch_utils import as_numpy, dtype_name
 from schemas.dtypes import DTYPE_NAMES
@@ -49,12 +44,6 @@ from schemas.safetensors_frame import numpy_dtype
 log = logging.getLogger(__name__)
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-_OPEN_ARRAYS = 1024  # opened zarr arrays kept (LRU); opening one costs ~0.6 ms, a read ~10 ms per layer
-# Errors zarr/numcodecs raise on a missing or damaged array file.
-_READ_ERRORS = (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarrError)
-# An opened layer array and, when it is laid out as `chunks.write_array` writes it, its chunks for
-# `chunks.ChunkReader` (faster than zarr; None: read through zarr).
-_Layer = tuple[zarr.Array[Any], chunks.BloscChunks | None]
 
 
 class HiddenStore:
@@ -94,11 +83,11 @@ class HiddenStore:
         self._prompts.mkdir(parents=True, exist_ok=True)
         self._lock_file = lock_namespace(self._ns)
         self._manifests: dict[str, PromptManifest] = {}
-        self._arrays: OrderedDict[tuple[str, int], _Layer] = OrderedDict()
-        self._chunk_reader = chunks.ChunkReader()  # per-thread buffers: used only from self._pool
         self._guard = threading.Lock()
         self._prompt_locks: dict[str, threading.Lock] = {}
-        self._pool = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="hidden-store")
+        self._reader = LayerReader(
+            self._prompts, hidden_size=hidden_size, storage_dtype=self._storage_dtype, threads=read_threads
+        )
         try:
             sweep_interrupted_writes(self._prompts, self._tmp, self.manifest)
         except BaseException:
@@ -109,6 +98,7 @@ class HiddenStore:
 
     @property
     def namespace(self) -> Path:
+        """The directory of this target's states."""
         return self._ns
 
     @property
@@ -117,7 +107,8 @@ class HiddenStore:
         return numpy_dtype(self._dtype_name)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Stop the read pool and release the namespace lock."""
+        self._reader.close()
         self._lock_file.close()
 
     def __enter__(self) -> HiddenStore:
@@ -143,25 +134,12 @@ class HiddenStore:
             self._manifests[prompt_id] = loaded
         return loaded
 
-    def list_manifests(self) -> list[PromptManifest]:
-        """Every published prompt, sorted by id; unreadable manifests are logged and skipped."""
-        found = []
-        for prompt_id in sorted(p.name for p in self._prompts.iterdir()):
-            try:
-                m = self.manifest(prompt_id)
-            except StoreError as e:
-                log.warning("skipping prompt %s: %s", prompt_id, e)
-                continue
-            if m is not None:
-                found.append(m)
-        return found
-
     def token_ids(self, prompt_id: str) -> np.ndarray:
         """int64 [T], checked against the manifest's hash."""
         m = self._require(prompt_id)
         try:
-            ids = np.asarray(self._open(prompt_id, "token_ids")[:], dtype=np.int64)
-        except _READ_ERRORS as e:
+            ids = np.asarray(self._reader.open(prompt_id, "token_ids")[:], dtype=np.int64)
+        except READ_ERRORS as e:
             raise StoreCorrupt(f"prompt {prompt_id!r}: token ids unreadable: {e}") from e
         if token_sha256(ids) != m.token_sha256:
             raise StoreCorrupt(f"prompt {prompt_id!r}: token ids do not match the manifest's hash")
@@ -179,7 +157,7 @@ class HiddenStore:
         """Publish `layers` ({k: [T, H] CPU tensor}); on a published prompt, add the ones it lacks
         (its manifest keeps the first write's `greedy_mismatches`)."""
         _check_name(prompt_id, "prompt id")
-        ids = self._check_tokens(token_ids, prompt_len)
+        ids = publish.check_tokens(token_ids, prompt_len)
         data = {_layer_id(k): self._check_layer(k, t, len(ids)) for k, t in layers.items()}
         data = dict(sorted(data.items()))
         if not data:
@@ -198,7 +176,7 @@ class HiddenStore:
                     return old
             staging = self._tmp / uuid.uuid4().hex
             try:
-                self._stage(staging, data, ids if old is None else None)
+                publish.stage(staging, data, ids if old is None else None)
                 return self._publish(prompt_id, staging, old, ids, prompt_len, sorted(data), greedy_mismatches)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -214,8 +192,7 @@ class HiddenStore:
         """Fill `out[:, i*H:(i+1)*H]` with rows start:stop of layer `layers[i]`, in request order.
 
         `out` is `[stop - start, len(layers) * H]` of `numpy_dtype`, typically a view into a
-        response buffer. The pool reads one (layer, chunk) per task, decoding the chunk and copying
-        it once into its rows of the layer's column slice (one task per layer read through zarr).
+        response buffer (`reader.py` fills it on a thread pool).
         """
         m = self._require(prompt_id)
         missing = sorted(set(layers) - set(m.layers))
@@ -232,20 +209,7 @@ class HiddenStore:
             )
         if stop == start or not layers:
             return
-        raw = out.view(self._storage_dtype)
-        reads: list[tuple[int, Callable[[], None]]] = []  # (layer, one read into `out`)
-        for i, k in enumerate(layers):
-            dst = raw[:, i * h : (i + 1) * h]  # [stop - start, H]
-            arr, blosc = self._layer_array(m, k)
-            if blosc is None:
-                reads.append((k, partial(chunks.read_rows, arr, self._layer_dir(m.prompt_id, k), start, stop, dst)))
-                continue
-            for c, lo, hi, at in blosc.pieces(start, stop):
-                reads.append((k, partial(self._chunk_reader.read, blosc, c, lo, hi, dst[at : at + hi - lo])))
-        futures = [self._pool.submit(_read_guarded, m.prompt_id, k, read) for k, read in reads]
-        wait(futures)  # all of them: none may still be writing into `out` once we return or raise
-        for f in futures:
-            f.result()
+        self._reader.read(m, layers, out.view(self._storage_dtype), start, stop)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -254,37 +218,6 @@ class HiddenStore:
         if m is None:
             raise PromptNotStored(f"prompt {prompt_id!r} is not stored for model {self.fingerprint}")
         return m
-
-    def _layer_dir(self, prompt_id: str, layer: int) -> Path:
-        return self._prompts / prompt_id / "layers" / str(layer)
-
-    def _open(self, prompt_id: str, rel: str) -> zarr.Array[Any]:
-        try:
-            return chunks.open_array(self._prompts / prompt_id / rel)
-        except _READ_ERRORS as e:
-            raise StoreCorrupt(f"prompt {prompt_id!r}: {rel} unreadable: {e}") from e
-
-    def _layer_array(self, m: PromptManifest, layer: int) -> _Layer:
-        # Opening parses zarr.json; published arrays never change, so recently used ones are kept.
-        prompt_id = m.prompt_id
-        key = (prompt_id, layer)
-        with self._guard:
-            found = self._arrays.get(key)
-            if found is not None:
-                self._arrays.move_to_end(key)
-        if found is None:
-            arr = self._open(prompt_id, f"layers/{layer}")
-            if arr.shape != (m.num_tokens, self.hidden_size) or arr.dtype != self._storage_dtype:
-                raise StoreCorrupt(
-                    f"prompt {prompt_id!r} layer {layer}: array {arr.dtype} {arr.shape} does not match "
-                    f"the manifest ({m.num_tokens}, {self.hidden_size})"
-                )
-            found = (arr, chunks.blosc_chunks(arr, self._layer_dir(prompt_id, layer)))
-            with self._guard:
-                self._arrays[key] = found
-                if len(self._arrays) > _OPEN_ARRAYS:
-                    self._arrays.popitem(last=False)
-        return found
 
     def _parse_manifest(self, prompt_id: str, text: str) -> PromptManifest:
         try:
@@ -301,14 +234,6 @@ class HiddenStore:
 
     # -- writing --------------------------------------------------------------------------------
 
-    def _check_tokens(self, token_ids: np.ndarray, prompt_len: int) -> np.ndarray:
-        ids = np.asarray(token_ids)
-        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-            raise StoreInputError(f"token_ids must be a non-empty 1-D int array, got {ids.dtype} {ids.shape}")
-        if not 1 <= prompt_len <= ids.size:
-            raise StoreInputError(f"prompt_len {prompt_len} outside [1, {ids.size}]")
-        return np.ascontiguousarray(ids, dtype="<i8")
-
     def _check_layer(self, layer: int, t: torch.Tensor, num_tokens: int) -> np.ndarray:
         want = (num_tokens, self.hidden_size)
         if t.dtype != self.dtype or t.device.type != "cpu" or tuple(t.shape) != want:
@@ -317,14 +242,6 @@ class HiddenStore:
                 f"got {t.device.type} {t.dtype} {list(t.shape)}"
             )
         return as_numpy(t).view(self._storage_dtype)
-
-    def _stage(self, staging: Path, data: Mapping[int, np.ndarray], ids: np.ndarray | None) -> None:
-        """Write the new arrays under `staging` and make them durable."""
-        for k, a in data.items():
-            chunks.write_array(staging / "layers" / str(k), a, compress=True)
-        if ids is not None:
-            chunks.write_array(staging / "token_ids", ids, compress=False)
-        chunks.fsync_tree(staging)
 
     def _publish(
         self,
@@ -336,24 +253,13 @@ class HiddenStore:
         new_layers: list[int],
         greedy_mismatches: int | None,
     ) -> PromptManifest:
-        prompt_dir = self._prompts / prompt_id
-        if old is None:
-            # A prompt dir without a manifest is an interrupted write: never published, safe to drop.
-            shutil.rmtree(prompt_dir, ignore_errors=True)
-            (prompt_dir / "layers").mkdir(parents=True)
-            os.rename(staging / "token_ids", prompt_dir / "token_ids")
-        for k in new_layers:
-            dest = prompt_dir / "layers" / str(k)
-            shutil.rmtree(dest, ignore_errors=True)  # unlisted leftover of an interrupted add
-            os.rename(staging / "layers" / str(k), dest)
-        for d in (prompt_dir / "layers", prompt_dir, self._prompts):
-            chunks.fsync_dir(d)
+        prompt_dir = publish.move_in(self._prompts, prompt_id, staging, new_prompt=old is None, layers=new_layers)
         itemsize = self._storage_dtype.itemsize
         m = PromptManifest(
             prompt_id=prompt_id,
             model_fingerprint=self.fingerprint,
             model_name=self.model_name,
-            dtype=self._dtype_name,  # type: ignore[arg-type]  # checked by is_supported in __init__
+            dtype=self._dtype_name,  # type: ignore[arg-type]  # checked in __init__
             layers=tuple(sorted({*new_layers, *(old.layers if old else ())})),
             prompt_len=prompt_len,
             num_tokens=len(ids),
@@ -376,13 +282,6 @@ class HiddenStore:
             yield
 
 
-def _read_guarded(prompt_id: str, layer: int, read: Callable[[], None]) -> None:
-    try:
-        read()
-    except _READ_ERRORS as e:
-        raise StoreCorrupt(f"prompt {prompt_id!r} layer {layer}: {e}") from e
-
-
 def _layer_id(layer: object) -> int:
     if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or layer < 0:
         raise StoreInputError(f"layer ids must be ints >= 0, got {layer!r}")
@@ -392,15 +291,3 @@ def _layer_id(layer: object) -> int:
 def _check_name(name: str, what: str) -> None:
     if not _SAFE_NAME.fullmatch(name):
         raise StoreInputError(f"{what} {name!r} must match {_SAFE_NAME.pattern}")
-
-
-__all__ = [
-    "HiddenStore",
-    "LayersNotStored",
-    "PromptManifest",
-    "PromptNotStored",
-    "StoreCorrupt",
-    "StoreError",
-    "StoreInputError",
-    "token_sha256",
-]

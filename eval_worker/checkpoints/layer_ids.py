@@ -13,6 +13,8 @@ LayerIdsSource = Literal["checkpoint", "inferred", "override"]
 
 @dataclass(frozen=True)
 class ResolvedLayerIds:
+    """The target layers a drafter reads, and where they came from."""
+
     ids: tuple[int, ...]
     source: LayerIdsSource
 

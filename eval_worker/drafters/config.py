@@ -17,6 +17,8 @@ HfLayout = Literal["published", "top_level", "block_in_dflash_config"]
 
 @dataclass(frozen=True)
 class DrafterConfig:
+    """The drafter's shape and its DFlash fields (block size, mask token, target layers)."""
+
     hidden_size: int
     num_layers: int
     num_attention_heads: int

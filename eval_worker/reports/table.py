@@ -18,6 +18,7 @@ def _row(name: str, s: TauSummary) -> str:
 
 
 def format_report(report: EvalReport) -> str:
+    """One report for the terminal: checkpoint, target, layers, and a row per draft kind."""
     step = "-" if report.step is None else str(report.step)
     lines = [
         f"checkpoint  {report.checkpoint_path} ({report.format}, step {step})",

@@ -18,9 +18,13 @@ from eval_worker.scoring.ddtree import accepted_nodes, build_tree
 class DraftLookup(Protocol):
     """Per-anchor drafts: greedy chain d_1..d_{B-1}, and top-k log-probs / ids [B-1, k] for trees."""
 
-    def greedy_drafts(self, s: int) -> Sequence[int]: ...
+    def greedy_drafts(self, s: int) -> Sequence[int]:
+        """The greedy chain drafted at anchor s."""
+        ...
 
-    def top(self, s: int) -> tuple[Tensor, Tensor]: ...
+    def top(self, s: int) -> tuple[Tensor, Tensor]:
+        """Top-k log-probs and ids [B-1, k] drafted at anchor s."""
+        ...
 
 
 def chain_accept_length(drafts: Sequence[int], reference: Sequence[int]) -> int:

@@ -24,6 +24,7 @@ class DraftTree:
     ranks: tuple[tuple[int, ...], ...]
 
     def child(self, parent: int, token: int) -> int | None:
+        """The child of `parent` holding `token`, or None."""
         for i, (p, t) in enumerate(zip(self.parents, self.tokens, strict=True)):
             if p == parent and t == token:
                 return i

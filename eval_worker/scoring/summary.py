@@ -9,6 +9,7 @@ from schemas.report import RoundTaus, TauSummary
 
 
 def round_taus(taus: Sequence[int]) -> RoundTaus:
+    """A prompt's round taus and their mean (None without rounds)."""
     return RoundTaus(round_taus=list(taus), mean=sum(taus) / len(taus) if taus else None)
 
 

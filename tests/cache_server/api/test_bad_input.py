@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 from pathlib import Path
 
@@ -41,11 +43,19 @@ def served(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory):  # type
             "beyond the model's context",
         ),
         ({"prompts": [{"token_ids": [1]}], "generate": {"max_new_tokens": 0}}, "max_new_tokens"),
+        ({"prompts": [{"text": "abc\ud800"}]}, "not valid Unicode"),  # a lone surrogate
+        ({"prompts": [{"messages": [{"role": "user", "content": "\udfff"}]}]}, "not valid Unicode"),
+        ({"prompts": [{"token_ids": [True, False]}]}, "token_ids"),  # ids are plain integers
+        ({"prompts": [{"token_ids": ["5", "7"]}]}, "token_ids"),
+        ({"prompts": [{"token_ids": [5.0]}]}, "token_ids"),
+        ({"prompts": [{"token_ids": [5], "response_token_ids": [True]}]}, "response_token_ids"),
     ],
 )
 def test_bad_registrations(served, body: dict, needle: str) -> None:  # type: ignore[no-untyped-def]
     client, _, _ = served
-    assert needle in error_message(client.post("/prompts", json=body), 422)
+    # JSON as a client writes it: ASCII with escapes, so that a lone surrogate arrives as "\ud800"
+    sent = client.post("/prompts", content=json.dumps(body), headers={"content-type": "application/json"})
+    assert needle in error_message(sent, 422)
 
 
 def test_malformed_json(served) -> None:  # type: ignore[no-untyped-def]
@@ -65,11 +75,28 @@ def test_malformed_json(served) -> None:  # type: ignore[no-untyped-def]
         ({"layers": "1", "start": 5, "stop": 3}, "start < stop"),
         ({"layers": "1", "stop": 999}, "stop <= 12"),
         ({"layers": "1", "start": -1}, "start < stop"),
+        ({"layers": "1_0"}, "plain decimal integer"),  # Python's int() would read 10
+        ({"layers": "\u0661"}, "plain decimal integer"),  # an Arabic-Indic one
+        ({"layers": "1", "start": "1_0"}, "start"),
+        ({"layers": "1", "stop": "\u0661"}, "stop"),
     ],
 )
 def test_bad_layer_requests(served, params: dict, needle: str) -> None:  # type: ignore[no-untyped-def]
     client, pid, _ = served
     assert needle in error_message(client.get("/hidden", params={"prompt_id": pid, **params}), 422)
+
+
+def test_messages_without_a_chat_template_are_refused(tiny_target: Path, tmp_path: Path) -> None:
+    plain = tmp_path / "no-template"
+    shutil.copytree(tiny_target, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    with app_client(plain, tmp_path / "store") as client:
+        body = {"prompts": [{"messages": [{"role": "user", "content": "hi"}]}]}
+        assert "no chat template" in error_message(client.post("/prompts", json=body), 422, "invalid_prompt")
+        assert client.post("/prompts", json={"prompts": [{"text": "hi"}]}).status_code == 202
 
 
 def test_unknown_prompt_and_route(served) -> None:  # type: ignore[no-untyped-def]

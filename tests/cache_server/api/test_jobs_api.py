@@ -68,6 +68,7 @@ def test_submit_and_read_back(served) -> None:  # type: ignore[no-untyped-def]
         ("nothing/here.pt", "does not exist"),
         ("notes.txt", "not a torch.save archive"),
         ("half", "lacks model.safetensors"),
+        ("x" * 300 + ".pt", "cannot be resolved"),  # longer than a file name may be
     ],
 )
 def test_bad_checkpoint_paths(served, checkpoint: str, needle: str) -> None:  # type: ignore[no-untyped-def]
@@ -92,6 +93,9 @@ def test_bad_checkpoint_paths(served, checkpoint: str, needle: str) -> None:  # 
         ({"target_layer_ids": [-1]}, ">= 0"),
         ({"target_layer_ids": [2, 6]}, "[6] are outside the target's 0..5"),
         ({"block_size": 1}, "block_size"),
+        ({"target_layer_ids": [True, 2]}, "target_layer_ids"),  # ids are plain integers, not booleans
+        ({"target_layer_ids": ["1", "2"]}, "target_layer_ids"),
+        ({"tree_budgets": [8.0]}, "tree_budgets"),
         ({"colour": "red"}, "colour"),
     ],
 )

@@ -1,0 +1,106 @@
+"""The layout's promises, checked in fresh interpreters: the client and the wire contract stay light,
+the eval worker never loads the server side, and files stay small and documented."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("cache_server", "eval_worker", "schemas")
+HEAVY = {"torch", "transformers", "zarr", "fastapi", "uvicorn", "matplotlib", "starlette", "numcodecs"}
+SERVER_SIDE = ("cache_server.capture", "cache_server.store", "cache_server.compute", "cache_server.api",
+               "cache_server.jobs", "cache_server.cli", "cache_server.settings")  # fmt: skip
+
+
+def _modules(package: str) -> list[str]:
+    base = ROOT / package
+    return sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__") for p in base.rglob("*.py")
+    )
+
+
+def _loaded_after(imports: list[str]) -> set[str]:
+    """The modules `sys.modules` holds after importing `imports` in a fresh interpreter."""
+    code = "import importlib, json, sys\n"
+    code += "".join(f"importlib.import_module({m!r})\n" for m in imports)
+    code += "print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout))
+
+
+def _server_side(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == s or m.startswith(s + ".") for s in SERVER_SIDE))
+
+
+def _top(modules: set[str]) -> set[str]:
+    return {m.partition(".")[0] for m in modules}
+
+
+def test_the_client_is_light() -> None:
+    loaded = _loaded_after(["cache_server.client", *_modules("cache_server/client")])
+    assert not _top(loaded) & HEAVY, sorted(_top(loaded) & HEAVY)
+    assert not _server_side(loaded)
+
+
+def test_schemas_import_no_torch() -> None:
+    loaded = _loaded_after(_modules("schemas"))
+    assert not _top(loaded) & HEAVY, sorted(_top(loaded) & HEAVY)
+    assert not [m for m in loaded if m.startswith(("cache_server", "eval_worker"))]
+
+
+def test_the_eval_worker_never_imports_the_server_side() -> None:
+    loaded = _loaded_after(_modules("eval_worker"))
+    assert not _server_side(loaded)
+    assert not _top(loaded) & {"transformers", "zarr", "fastapi", "uvicorn", "starlette", "numcodecs"}
+
+
+@pytest.mark.parametrize("cli", ["cache_server.cli", "eval_worker.cli"])
+def test_command_lines_load_no_torch_before_a_command_runs(cli: str) -> None:
+    loaded = _loaded_after([cli])
+    assert not _top(loaded) & (HEAVY | {"numpy", "httpx"}), sorted(_top(loaded) & (HEAVY | {"numpy", "httpx"}))
+
+
+def test_the_light_commands_need_no_torch() -> None:
+    """`submit`, `watch` and `compare` (without --plot) run on the base install."""
+    light = [
+        "eval_worker.commands",
+        "eval_worker.reports.compare",
+        "eval_worker.reports.table",
+        "eval_worker.worker.watch",
+    ]
+    loaded = _loaded_after(["eval_worker.cli", "cache_server.client", *light])
+    assert not _top(loaded) & HEAVY, sorted(_top(loaded) & HEAVY)
+
+
+def _sources() -> list[Path]:
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_files_stay_small(path: Path) -> None:
+    assert len(path.read_text().splitlines()) <= 300
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_public_classes_and_functions_say_what_they_are(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    assert ast.get_docstring(tree), "module docstring"
+    missing = []
+    nodes = [n for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)]
+    for node in nodes:
+        if node.name.startswith("_"):
+            continue
+        if ast.get_docstring(node) is None:
+            missing.append(node.name)
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                public = not item.name.startswith("_") if isinstance(item, ast.FunctionDef) else False
+                if public and ast.get_docstring(item) is None:  # type: ignore[arg-type]
+                    missing.append(f"{node.name}.{item.name}")  # type: ignore[union-attr]
+    assert not missing, f"no docstring: {missing}"
