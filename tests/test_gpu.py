@@ -11,15 +11,16 @@ from fastapi.testclient import TestClient
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from cache_server.api.app import create_app
+from cache_server.client import HiddenResult, TargetHeads
 from cache_server.settings import ServeSettings
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.drafters.model import DFlashDrafter
 from eval_worker.evaluation.evaluate import EvalOptions, evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache
-from eval_worker.evaluation.source import HiddenResult, TargetHeads
 from schemas.hidden import HiddenMetadata
 from schemas.model import ModelInfo
 from tests.support.checkpoints import save_torch_checkpoint
+from tests.support.tensors import as_numpy
 from tests.support.tensors import parse_torch as parse
 from tests.support.tiny_trainer import tiny_drafter_config
 
@@ -64,7 +65,7 @@ class _Source:
             model_fingerprint=self.info.fingerprint, hidden_size=self.info.hidden_size, prompt_len=4,
             start=0, stop=len(self.ids), dtype="float32",
         )  # fmt: skip
-        return HiddenResult(self.taps, self.ids, meta)
+        return HiddenResult(as_numpy(self.taps), as_numpy(self.ids), meta)
 
     def heads(self) -> TargetHeads:
         return self._heads
@@ -81,9 +82,8 @@ def test_evaluation_on_cuda_scores_what_the_cpu_does(tiny_target: Path, tmp_path
         tmp_path / "c.pt", DFlashDrafter(tiny_drafter_config(cfg, [1, 3, 5]), 3), global_step=1, epoch=0
     )
     model = AutoModelForCausalLM.from_pretrained(tiny_target).eval()
-    heads = TargetHeads(
-        model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach(), "fp"
-    )
+    embed, lm_head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
+    heads = TargetHeads(as_numpy(embed), as_numpy(lm_head), "fp")
     ids = torch.randint(0, 500, (64,))
     source = _Source(info, ids, torch.randn(64, 3 * 64), heads)
     reports = [
