@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from eval_worker.errors import CheckpointRefused
+from schemas.layers import layer_list_problem
 
 LayerIdsSource = Literal["checkpoint", "inferred", "override"]
 
@@ -57,10 +58,10 @@ def resolve_layer_ids(
             f"{resolved.source} target_layer_ids {list(resolved.ids)} name {len(resolved.ids)} layers "
             f"(expected fc.weight [{fc_shape[0]}, {len(resolved.ids) * hidden_size}])"
         )
-    bad = [k for k in resolved.ids if not 0 <= k < num_target_layers]
-    if bad:
+    problem = layer_list_problem(resolved.ids, num_target_layers)
+    if problem is not None:
         raise CheckpointRefused(
-            f"target_layer_ids {list(resolved.ids)} ({resolved.source}) has ids {bad} outside "
-            f"[0, {num_target_layers}) for a {num_target_layers}-layer target"
+            f"target_layer_ids {list(resolved.ids)} ({resolved.source}) for a {num_target_layers}-layer "
+            f"target: {problem}"
         )
     return resolved

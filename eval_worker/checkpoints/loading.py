@@ -26,6 +26,7 @@ from eval_worker.drafters.config import DrafterConfig
 from eval_worker.drafters.model import DFlashDrafter
 from eval_worker.errors import CheckpointRefused
 from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS
+from schemas.layers import layer_list_problem
 from schemas.model import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -176,11 +177,10 @@ def _read_json(path: Path) -> dict[str, Any]:
 def check_fits_target(checkpoint: LoadedCheckpoint, target: ModelInfo) -> None:
     """Re-check a loaded checkpoint against a (possibly different) target description."""
     _check_target_fit(checkpoint.config, target)
-    bad = [k for k in checkpoint.target_layer_ids if not 0 <= k < target.num_layers]
-    if bad:
+    problem = layer_list_problem(checkpoint.target_layer_ids, target.num_layers)
+    if problem is not None:
         raise CheckpointRefused(
-            f"target_layer_ids {list(checkpoint.target_layer_ids)} has ids {bad} outside "
-            f"[0, {target.num_layers}) for target {target.name!r}"
+            f"target_layer_ids {list(checkpoint.target_layer_ids)} for target {target.name!r}: {problem}"
         )
 
 
