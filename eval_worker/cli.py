@@ -69,14 +69,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    ev = _command(sub, "evaluate", "measure acceptance length of one checkpoint, here", commands.evaluate,
-                  EvaluateSettings, positional="checkpoint")  # fmt: skip
+    ev = _command(sub, "evaluate", "measure acceptance length of checkpoints here (several: one pass)",
+                  commands.evaluate, EvaluateSettings, positional=None)  # fmt: skip
+    ev.add_argument("checkpoints", type=Path, nargs="+", help="HF DFlash directories or torch.save files")
     which = ev.add_mutually_exclusive_group(required=True)
     which.add_argument("--all-prompts", action="store_true", help="every prompt registered on the server")
     which.add_argument("--prompts", type=lambda s: s.split(","), help="comma-separated prompt ids")
     _job_options(ev)
     ev.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
-    ev.add_argument("--out", type=Path, help="write the JSON report (EvalReport) here")
+    outs = ev.add_mutually_exclusive_group()
+    outs.add_argument("--out", type=Path, help="write the JSON report (EvalReport) of one checkpoint here")
+    outs.add_argument("--out-dir", type=Path, help="write each checkpoint's report as DIR/<checkpoint name>.json")
 
     ins = _command(sub, "inspect", "what a checkpoint is and which target layers it needs", commands.inspect,
                    None, positional="checkpoint")  # fmt: skip
@@ -116,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args, args.build_settings(args)))
     except CheckpointRefused as e:
-        print(f"eval-worker: checkpoint {args.checkpoint} refused: {e}", file=sys.stderr)
+        print(f"eval-worker: checkpoint refused: {e}", file=sys.stderr)
         return ExitCode.refused
     except ServerUnreachable as e:
         print(f"eval-worker: {e}", file=sys.stderr)

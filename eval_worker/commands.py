@@ -36,26 +36,43 @@ def _stop_on_signals() -> threading.Event:
 
 
 def evaluate(args: argparse.Namespace, settings: EvaluateSettings) -> int:
-    """Evaluate one checkpoint here and print (and optionally write) its report."""
-    from eval_worker.evaluation.evaluate import evaluate_checkpoint
+    """Evaluate one checkpoint, or a sweep of several in one pass over the prompts, and print the reports."""
+    from eval_worker.evaluation.sweep import evaluate_checkpoints, feature_cache
     from eval_worker.reports.table import format_report
 
+    checkpoints: list[Path] = args.checkpoints
+    outputs = _report_paths(checkpoints, args.out, args.out_dir)
     with _client(settings) as client:
-        report = evaluate_checkpoint(
+        reports = evaluate_checkpoints(
             client,
-            args.checkpoint,
+            checkpoints,
             settings,
-            prompt_ids=None if args.all_prompts else args.prompts,
+            prompt_ids=[None if args.all_prompts else args.prompts] * len(checkpoints),
             tree_budgets=args.tree_budgets,
             layer_ids=args.target_layer_ids,
             block_size=args.block_size,
             config_path=args.config,
+            features=feature_cache(settings),
         )
-    print(format_report(report))
-    if args.out:
-        args.out.write_text(report.model_dump_json(indent=1))
-        print(f"report written to {args.out}")
+    for report, out in zip(reports, outputs, strict=True):
+        print(format_report(report) + "\n")
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(report.model_dump_json(indent=1))
+            print(f"report written to {out}")
     return ExitCode.ok
+
+
+def _report_paths(checkpoints: list[Path], out: Path | None, out_dir: Path | None) -> list[Path | None]:
+    """Where each report goes: --out FILE for one checkpoint, DIR/<checkpoint name>.json with --out-dir."""
+    if out is not None and len(checkpoints) > 1:
+        raise ValueError("--out takes one checkpoint; for several, write one report each with --out-dir DIR")
+    if out_dir is None:
+        return [out] * len(checkpoints)
+    paths = [out_dir / f"{c.stem if c.is_file() else c.name}.json" for c in checkpoints]
+    if len(set(paths)) != len(paths):
+        raise ValueError(f"checkpoints with the same name would share a report in {out_dir}: {sorted(map(str, paths))}")
+    return list(paths)
 
 
 def inspect(args: argparse.Namespace, _: None) -> int:

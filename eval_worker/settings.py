@@ -41,7 +41,15 @@ class EvaluateSettings(ConnectionSettings):
     """`evaluate`: where and how the drafter runs."""
 
     device: DeviceName = Field(default="auto", description="where the drafter runs")
-    dtype: DTypeName = Field(default="float32", description="drafter math (float32 keeps tau exact)")
+    dtype: DTypeName | None = Field(
+        default=None, description="drafter math (default: float32 on CPU, the served dtype on a GPU; float32 is exact)"
+    )
+    feature_cache_gb: float = Field(
+        default=8.0, ge=0, description="fetched features kept resident for the next checkpoints (0: none)"
+    )
+    feature_cache_on_device: bool = Field(
+        default=False, description="keep resident features on the drafter's device instead of host RAM"
+    )
     heads_cache: CliSuppress[Path | None] = Field(
         default=None, description="directory of cached target heads (default ~/.cache/hidden-state-cache/heads)"
     )
@@ -53,3 +61,6 @@ class WorkerSettings(EvaluateSettings):
     poll_interval: float = Field(default=2.0, gt=0, description="seconds between claims when the queue is empty")
     lease_s: float = Field(default=60.0, gt=0, description="a job's lease, renewed every lease_s / 3 while working")
     name: str | None = Field(default=None, description="worker name recorded on jobs (default host:pid)")
+    max_batch_jobs: int = Field(
+        default=1, ge=1, le=64, description="queued jobs claimed at once and evaluated in one pass over the prompts"
+    )

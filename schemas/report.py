@@ -44,6 +44,29 @@ class TauSummary(BaseModel):
     prompts_without_rounds: int
 
 
+class EvalSeconds(BaseModel):
+    """Where an evaluation's time went."""
+
+    model_config = ConfigDict(extra="forbid")
+    fetch: float = Field(description="waiting for features (fetched ahead while the drafter runs)")
+    draft: float = Field(description="drafter forwards and lm_head projections")
+    walk: float = Field(description="building DDTrees and walking the chain and trees")
+
+
+class EvalCost(BaseModel):
+    """What evaluating this checkpoint cost; `drafted_blocks` <= the total rounds of all walks."""
+
+    model_config = ConfigDict(extra="forbid")
+    drafted_blocks: int = Field(description="drafter block forwards run for this checkpoint, all walks together")
+    lm_head_rows: int = Field(description="draft positions projected through lm_head")
+    feature_bytes_fetched: int = Field(
+        description="feature bytes fetched from the cache server for this checkpoint (a sweep's shared fetch "
+        "counts for the first checkpoint that read them)"
+    )
+    feature_cache_hits: int = Field(description="prompts whose features were already resident in the worker")
+    seconds: EvalSeconds
+
+
 class EvalSummary(BaseModel):
     """The run's numbers over all prompts."""
 
@@ -55,6 +78,7 @@ class EvalSummary(BaseModel):
         default=0, description="prompts whose response is not the target's own greedy continuation"
     )
     wall_time_s: float
+    cost: EvalCost | None = Field(default=None, description="absent in reports written before it existed")
 
 
 class EvalReport(BaseModel):

@@ -110,7 +110,7 @@ def renew(job_id: str, body: RenewRequest, jobs: JobsDep) -> JobState:
 @jobs_router.post("/{job_id}/complete", dependencies=[WriteAccess], responses=error_responses(*_LEASED))
 def complete(job_id: str, body: CompleteRequest, jobs: JobsDep) -> JobState:
     """Store the job's one report and mark it done; a lost lease's report is dropped (409)."""
-    return jobs.complete(job_id, body.lease, body.report.model_dump_json())
+    return jobs.complete(job_id, body.lease, body.report.model_dump_json(exclude_unset=True))  # as sent
 
 
 @jobs_router.post("/{job_id}/fail", dependencies=[WriteAccess], responses=error_responses(*_LEASED))

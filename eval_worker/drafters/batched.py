@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from eval_worker.drafters.model import ContextKV, DFlashDrafter
@@ -53,7 +54,7 @@ def block_logits(
     """anchor_ids [m] = t[s], anchors [m] = s -> draft logits [m, B-1, V] of blocks `[t[s], MASK, ...]`."""
     m, b = anchors.shape[0], drafter.cfg.block_size
     masks = torch.full((m, b - 1), drafter.cfg.mask_token_id, dtype=torch.long, device=anchors.device)
-    return drafter(torch.cat([anchor_ids[:, None], masks], dim=1), anchors, kv, embed_tokens, lm_head)
+    return F.linear(drafter(torch.cat([anchor_ids[:, None], masks], dim=1), anchors, kv, embed_tokens), lm_head)
 
 
 @torch.no_grad()

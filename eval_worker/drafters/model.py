@@ -3,8 +3,9 @@
 A non-causal Qwen3-style stack. A block `[t[s], MASK, ...]` of B tokens attends to itself and to
 the context `hidden_norm(fc(taps))` of positions < s; the drafter borrows the target's
 `embed_tokens` and `lm_head`, passed in. The context never changes while drafting, so its keys and
-values are computed once per sequence (`context_kv`) and any number of blocks are drafted against
-them in one `forward`.
+values are computed once per sequence (`context_kv`) and any number of blocks, of one sequence or
+of several laid back to back (`concat_kv`), are drafted against them in one `forward`. `forward`
+stops before `lm_head`, so callers project only the positions they need.
 """
 
 from __future__ import annotations
@@ -155,22 +156,36 @@ class DFlashDrafter(nn.Module):
         return ContextKV([k for k, _ in pairs], [v for _, v in pairs])
 
     def forward(
-        self, block_ids: Tensor, anchors: Tensor, kv: ContextKV, embed_tokens: Tensor, lm_head: Tensor
+        self, block_ids: Tensor, anchors: Tensor, kv: ContextKV, embed_tokens: Tensor, ctx_offsets: Tensor | None = None
     ) -> Tensor:
-        """block_ids [m, B] placed at positions anchors[i] + 0..B-1, each seeing the context < anchors[i]
-        -> draft logits [m, B-1, V] for the block's positions 1..B-1 (differentiable)."""
+        """block_ids [m, B] placed at positions anchors[i] + 0..B-1, each seeing the context positions
+        < anchors[i] -> the final normed states [m, B-1, H] of positions 1..B-1 (differentiable).
+
+        `kv` may hold several sequences' contexts back to back; block i then sees the rows
+        ctx_offsets[i] .. ctx_offsets[i] + anchors[i] - 1 (offsets default to 0: one sequence)."""
         m, b = block_ids.shape
-        c = int(anchors.max()) if m else 0  # context positions any block may see
+        offsets = torch.zeros_like(anchors) if ctx_offsets is None else ctx_offsets
+        c = int((offsets + anchors).max()) if m else 0  # context rows any block may see
         x = F.embedding(block_ids, embed_tokens)  # [m, B, H]
         positions = anchors[:, None] + torch.arange(b, device=anchors.device)  # [m, B]
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)  # [m, B, D]
         cos, sin = cos[:, None], sin[:, None]  # [m, 1, B, D]
-        visible = torch.arange(c, device=anchors.device)[None, :] < anchors[:, None]  # [m, C]
+        rows = torch.arange(c, device=anchors.device)[None, :]  # [1, C]
+        visible = (rows >= offsets[:, None]) & (rows < (offsets + anchors)[:, None])  # [m, C]
         ctx_bias = torch.zeros(m, 1, 1, c, dtype=x.dtype, device=x.device)
         ctx_bias = ctx_bias.masked_fill(~visible[:, None, None, :], float("-inf"))  # [m, 1, 1, C]
         for i, layer in enumerate(self.blocks()):
             x = layer(x, cos, sin, kv.keys[i][:, :c], kv.values[i][:, :c], ctx_bias)
-        return F.linear(self.norm(x)[:, 1:], lm_head)  # [m, B-1, V]
+        return self.norm(x)[:, 1:]  # [m, B-1, H]
+
+
+def concat_kv(parts: list[ContextKV]) -> ContextKV:
+    """Several sequences' contexts back to back along the position axis (see `forward`'s offsets)."""
+    layers = range(len(parts[0].keys))
+    return ContextKV(
+        [torch.cat([p.keys[i] for p in parts], dim=1) for i in layers],
+        [torch.cat([p.values[i] for p in parts], dim=1) for i in layers],
+    )
 
 
 def draft_block(
@@ -179,4 +194,4 @@ def draft_block(
     """One drafting round as published: taps [C, K*H] of positions < s, block_ids [B]
     (`[t[s], MASK, ...]`) -> draft logits [B-1, V] for positions s+1..s+B-1."""
     anchor = torch.tensor([taps.shape[0]], device=taps.device)
-    return drafter(block_ids[None], anchor, drafter.context_kv(taps), embed_tokens, lm_head)[0]
+    return F.linear(drafter(block_ids[None], anchor, drafter.context_kv(taps), embed_tokens)[0], lm_head)

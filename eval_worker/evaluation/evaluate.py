@@ -1,9 +1,8 @@
-"""Evaluate a drafter checkpoint over cached prompts: chain tau and DDTree tau per budget.
+"""Evaluate drafter checkpoints over cached prompts: chain tau and DDTree tau per budget.
 
-`evaluate` scores a loaded checkpoint with features from an injected `FeatureSource`; every layout
-check happens before any math, and a mismatch stops the run with a typed error rather than
-producing a number. `evaluate_checkpoint` is the whole run against a cache server: load the
-checkpoint for its target, pick and wait for the prompts, evaluate.
+Features and heads come from an injected `FeatureSource`; every check happens before any math. The
+checkpoints of a sweep that read the same layers share one pass over the prompts: each prompt's
+features are fetched once (or found resident in the `FeatureCache`) and walked by every checkpoint.
 """
 
 from __future__ import annotations
@@ -11,26 +10,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
 
-from cache_server.client import CacheClient, HiddenResult, TargetHeads
-from cache_server.torch_utils import TORCH_DTYPES, dtype_name, resolve_device
-from eval_worker.checkpoints.loading import LoadedCheckpoint, check_fits_target, load_checkpoint
-from eval_worker.drafters.batched import draft_anchors
-from eval_worker.errors import CheckpointRefused, FeatureMismatch
+from cache_server.torch_utils import dtype_name
+from eval_worker.checkpoints.loading import LoadedCheckpoint, check_fits_target
+from eval_worker.evaluation.checks import check_features, check_heads
+from eval_worker.evaluation.feature_cache import FeatureCache, Fetched
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.source import FeatureSource
-from eval_worker.scoring.acceptance import DraftLookup, chain_round_taus, tree_round_taus
+from eval_worker.evaluation.walks import CHAIN, DraftCost, PromptFeatures, walk_prompts
 from eval_worker.scoring.summary import round_taus, summarize
-from eval_worker.settings import EvaluateSettings
-from schemas.layers import LAYER_CONVENTION
 from schemas.model import ModelInfo
-from schemas.prompts import PromptStatus
-from schemas.report import EvalReport, EvalSummary, PromptEval
+from schemas.report import EvalCost, EvalReport, EvalSeconds, EvalSummary, PromptEval
 
 log = logging.getLogger(__name__)
 
@@ -48,26 +42,23 @@ class EvalOptions:
     tree_budgets: tuple[int, ...] = ()
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
-    chunk_size: int = 16  # anchors per batched drafter pass (memory ~ chunk * (B-1) * vocab floats)
+    group_tokens: int = 16384  # prompt tokens whose walks are drafted together (their contexts side by side)
+    max_blocks: int = 64  # blocks per drafter forward
     progress: bool = True
 
 
-def score_prompt(
-    prompt_id: str,
-    drafts: DraftLookup,
-    token_ids: Sequence[int],
-    prompt_len: int,
-    block_size: int,
-    tree_budgets: Sequence[int],
-) -> PromptEval:
-    """Chain and per-budget tree round taus of one prompt from its per-anchor drafts."""
-    return PromptEval(
-        prompt_id=prompt_id,
-        prompt_len=prompt_len,
-        num_tokens=len(token_ids),
-        chain=round_taus(chain_round_taus(token_ids, prompt_len, block_size, drafts)),
-        trees={b: round_taus(tree_round_taus(token_ids, prompt_len, block_size, drafts, b)) for b in tree_budgets},
-    )
+@dataclass
+class _Run:
+    """One checkpoint being evaluated, and what it has cost so far."""
+
+    checkpoint: LoadedCheckpoint
+    prompt_ids: list[str]
+    started: float
+    results: dict[str, PromptEval] = field(default_factory=dict)
+    cost: DraftCost = field(default_factory=DraftCost)
+    fetched_bytes: int = 0
+    cache_hits: int = 0
+    fetch_s: float = 0.0
 
 
 def evaluate(
@@ -77,52 +68,135 @@ def evaluate(
     *,
     heads_cache: HeadsCache,
     options: EvalOptions | None = None,
+    features: FeatureCache | None = None,
 ) -> EvalReport:
-    """The report of `checkpoint` over `prompt_ids`, with features and heads from `source`.
+    """The report of one checkpoint over `prompt_ids` (see `evaluate_many`)."""
+    [report] = evaluate_many(
+        source, [checkpoint], [prompt_ids], heads_cache=heads_cache, options=options, features=features
+    )
+    return report
 
-    The checkpoint's drafter is moved to the options' device and dtype in place."""
+
+def evaluate_many(
+    source: FeatureSource,
+    checkpoints: Sequence[LoadedCheckpoint],
+    prompt_ids: Sequence[Sequence[str]],
+    *,
+    heads_cache: HeadsCache,
+    options: EvalOptions | None = None,
+    features: FeatureCache | None = None,
+) -> list[EvalReport]:
+    """One report per checkpoint, checkpoint i evaluated on `prompt_ids[i]`, with features and heads
+    from `source` (features resident in `features` are not fetched again).
+
+    The drafters are moved to the options' device and dtype in place."""
     opts = options or EvalOptions()
     started = time.perf_counter()
     info = source.model()
-    check_fits_target(checkpoint, info)
-    extra = [k for k in checkpoint.target_layer_ids if k not in info.capture_layers]
+    for checkpoint in checkpoints:
+        check_fits_target(checkpoint, info)
+    heads = heads_cache.get(source, info.fingerprint)
+    check_heads(heads, info)
+    embed, lm_head = (t.to(opts.device, opts.dtype) for t in heads.to_torch())
+    cache = features if features is not None else FeatureCache(0)
+    cache.use_target(info.fingerprint)
+    runs = [_Run(c, list(ids), started=started) for c, ids in zip(checkpoints, prompt_ids, strict=True)]
+    groups: dict[tuple[int, ...], list[_Run]] = {}
+    for run in runs:
+        run.checkpoint.drafter.to(opts.device, opts.dtype).eval()
+        groups.setdefault(run.checkpoint.target_layer_ids, []).append(run)
+    for layers, group in groups.items():
+        _log_layers(info, layers, group)
+        _evaluate_group(source, cache, list(layers), group, embed, lm_head, info.fingerprint, opts)
+    return [_report(run, info, opts) for run in runs]
+
+
+def _log_layers(info: ModelInfo, layers: tuple[int, ...], group: list[_Run]) -> None:
+    extra = [k for k in layers if k not in info.capture_layers]
     if extra:
         log.info(
-            "layers %s are not in the cache's capture set %s; the server computes them",
-            extra,
-            info.capture_layers,
+            "layers %s are not in the cache's capture set %s; the server computes them", extra, info.capture_layers
         )
-    heads = heads_cache.get(source, info.fingerprint)
-    _check_heads(heads, info)
-    layers = list(checkpoint.target_layer_ids)
-    log.info(
-        "requesting target layers %s for %d prompts (source: %s)",
-        layers,
-        len(prompt_ids),
-        _WHY[checkpoint.layer_ids_source],
-    )
-    embed, lm_head = (t.to(opts.device, opts.dtype) for t in heads.to_torch())
-    drafter = checkpoint.drafter.to(opts.device, opts.dtype).eval()
-    block_size = checkpoint.config.block_size
+    for run in group:
+        path, why = run.checkpoint.path, _WHY[run.checkpoint.layer_ids_source]
+        log.info(
+            "%s: requesting target layers %s for %d prompts (source: %s)", path, list(layers), len(run.prompt_ids), why
+        )
+
+
+def _evaluate_group(
+    source: FeatureSource,
+    cache: FeatureCache,
+    layers: list[int],
+    group: list[_Run],
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    fingerprint: str,
+    opts: EvalOptions,
+) -> None:
+    """One pass over the union of the group's prompts: fetch each once, walk it with every checkpoint."""
+    wanted = [set(run.prompt_ids) for run in group]
+    union = list(dict.fromkeys(p for run in group for p in run.prompt_ids))
+    chunk: list[Fetched] = []
+    fetched = cache.iterate(source, union, layers)
+    for item in tqdm(fetched, total=len(union), desc="eval", unit="prompt", disable=not opts.progress):
+        readers = [run for run, ids in zip(group, wanted, strict=True) if item.prompt_id in ids]
+        for i, run in enumerate(readers):  # the first reader pays for the fetch; the rest find it resident
+            if i == 0 and item.fetched_bytes:
+                run.fetched_bytes += item.fetched_bytes
+                run.fetch_s += item.wait_s
+            else:
+                run.cache_hits += 1
+        chunk.append(item)
+        if sum(len(c.features.token_ids) for c in chunk) >= opts.group_tokens:
+            _walk_chunk(chunk, group, wanted, embed, lm_head, fingerprint, opts)
+            chunk = []
+    if chunk:
+        _walk_chunk(chunk, group, wanted, embed, lm_head, fingerprint, opts)
+
+
+def _walk_chunk(
+    chunk: list[Fetched],
+    group: list[_Run],
+    wanted: list[set[str]],
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    fingerprint: str,
+    opts: EvalOptions,
+) -> None:
     top_k = max(opts.tree_budgets, default=1)
-    results = []
-    for prompt_id in tqdm(prompt_ids, desc="eval", unit="prompt", disable=not opts.progress):
-        res = source.hidden(prompt_id, layers)
-        _check_hidden(res, prompt_id, layers, heads.fingerprint, checkpoint)
-        hidden, token_ids = res.to_torch()
-        prompt_len, total = res.metadata.prompt_len, int(token_ids.shape[0])
-        drafts = draft_anchors(
-            drafter,
-            hidden.to(opts.device, opts.dtype),
-            token_ids.to(opts.device),
-            range(prompt_len, max(prompt_len, total - 1)),
-            embed,
-            lm_head,
-            top_k=top_k,
-            chunk_size=opts.chunk_size,
-        )
-        scored = score_prompt(prompt_id, drafts, token_ids.tolist(), prompt_len, block_size, opts.tree_budgets)
-        results.append(scored.model_copy(update={"greedy_mismatches": res.metadata.greedy_mismatches}))
+    for run, ids in zip(group, wanted, strict=True):
+        mine = [item for item in chunk if item.prompt_id in ids]
+        for item in mine:
+            check_features(item.features, item.prompt_id, fingerprint, run.checkpoint)
+        prompts = [
+            PromptFeatures(
+                item.features.hidden.to(opts.device, opts.dtype),
+                item.features.token_ids.tolist(),
+                item.features.metadata.prompt_len,
+            )
+            for item in mine
+        ]
+        if not prompts:
+            continue
+        walked = walk_prompts(
+            run.checkpoint.drafter, prompts, embed, lm_head,
+            tree_budgets=opts.tree_budgets, top_k=top_k, cost=run.cost, max_blocks=opts.max_blocks,
+        )  # fmt: skip
+        for item, prompt, taus in zip(mine, prompts, walked, strict=True):
+            run.results[item.prompt_id] = PromptEval(
+                prompt_id=item.prompt_id,
+                prompt_len=prompt.prompt_len,
+                num_tokens=len(prompt.token_ids),
+                chain=round_taus(taus[CHAIN]),
+                trees={b: round_taus(taus[b]) for b in opts.tree_budgets},
+                greedy_mismatches=item.features.metadata.greedy_mismatches,
+            )
+
+
+def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
+    checkpoint = run.checkpoint
+    results = [run.results[p] for p in run.prompt_ids]
     not_greedy = [r.prompt_id for r in results if r.greedy_mismatches]
     if not_greedy:
         log.warning(
@@ -131,14 +205,22 @@ def evaluate(
             len(not_greedy),
             not_greedy[:3],
         )
+    cost = EvalCost(
+        drafted_blocks=run.cost.drafted_blocks,
+        lm_head_rows=run.cost.lm_head_rows,
+        feature_bytes_fetched=run.fetched_bytes,
+        feature_cache_hits=run.cache_hits,
+        seconds=EvalSeconds(fetch=run.fetch_s, draft=run.cost.draft_s, walk=run.cost.walk_s),
+    )
     summary = EvalSummary(
         chain=summarize([r.chain for r in results]),
         trees={b: summarize([r.trees[b] for r in results]) for b in opts.tree_budgets},
         prompts_evaluated=len(results),
         prompts_not_target_greedy=len(not_greedy),
-        wall_time_s=time.perf_counter() - started,
+        wall_time_s=time.perf_counter() - run.started,
+        cost=cost,
     )
-    log.info("chain tau %s over %d prompts", summary.chain.mean_tau, len(results))
+    log.info("%s: chain tau %s over %d prompts", checkpoint.path, summary.chain.mean_tau, len(results))
     return EvalReport(
         checkpoint_path=str(checkpoint.path),
         format=checkpoint.format,
@@ -146,9 +228,9 @@ def evaluate(
         epoch=checkpoint.epoch,
         target_name=info.name,
         target_fingerprint=info.fingerprint,
-        target_layer_ids=layers,
+        target_layer_ids=list(checkpoint.target_layer_ids),
         layer_ids_source=checkpoint.layer_ids_source,
-        block_size=block_size,
+        block_size=checkpoint.config.block_size,
         mask_token_id=checkpoint.config.mask_token_id,
         tree_budgets=list(opts.tree_budgets),
         device=str(opts.device),
@@ -156,84 +238,3 @@ def evaluate(
         prompts=results,
         summary=summary,
     )
-
-
-def _check_heads(heads: TargetHeads, info: ModelInfo) -> None:
-    want = (info.vocab_size, info.hidden_size)
-    for name, tensor in (("embed_tokens", heads.embed_tokens), ("lm_head", heads.lm_head)):
-        if tuple(tensor.shape) != want:
-            raise FeatureMismatch(f"target {name} has shape {list(tensor.shape)}, the model says {list(want)}")
-
-
-def _check_hidden(
-    res: HiddenResult, prompt_id: str, layers: list[int], fingerprint: str, checkpoint: LoadedCheckpoint
-) -> None:
-    meta = res.metadata
-    fc_width = checkpoint.drafter.fc.weight.shape[1]
-    if res.hidden.ndim != 2 or res.hidden.shape[1] != fc_width:
-        raise CheckpointRefused(
-            f"prompt {prompt_id}: served features have shape {list(res.hidden.shape)}, but fc.weight "
-            f"{list(checkpoint.drafter.fc.weight.shape)} needs width {fc_width} for layers {layers}"
-        )
-    if meta.layers != layers:
-        raise FeatureMismatch(f"prompt {prompt_id}: requested layers {layers}, the cache served {meta.layers}")
-    if meta.model_fingerprint != fingerprint:
-        raise FeatureMismatch(
-            f"prompt {prompt_id}: features are from target {meta.model_fingerprint!r}, heads from {fingerprint!r}"
-        )
-    if meta.layer_convention != LAYER_CONVENTION:
-        raise FeatureMismatch(f"prompt {prompt_id}: layer convention {meta.layer_convention!r} != {LAYER_CONVENTION!r}")
-    if meta.hidden_size != checkpoint.config.hidden_size:
-        raise FeatureMismatch(
-            f"prompt {prompt_id}: features have hidden size {meta.hidden_size}, the drafter "
-            f"{checkpoint.config.hidden_size}"
-        )
-    total = res.token_ids.shape[0]
-    if res.hidden.shape[0] != total or meta.start != 0 or meta.stop != total:
-        raise FeatureMismatch(
-            f"prompt {prompt_id}: need the whole sequence; got hidden rows {res.hidden.shape[0]}, "
-            f"{total} token ids, span [{meta.start}, {meta.stop})"
-        )
-    if not 1 <= meta.prompt_len <= total:
-        raise FeatureMismatch(f"prompt {prompt_id}: prompt_len {meta.prompt_len} outside [1, {total}]")
-
-
-def select_prompts(client: CacheClient, prompt_ids: Sequence[str] | None, timeout_s: float) -> list[str]:
-    """The given ids, or every registered prompt that has not failed; waits until they are ready."""
-    if prompt_ids is None:
-        states = client.prompts()
-        failed = [s.prompt_id for s in states if s.status == PromptStatus.failed]
-        if failed:
-            log.warning("skipping %d prompts the target failed on: %s", len(failed), failed[:5])
-        prompt_ids = [s.prompt_id for s in states if s.status != PromptStatus.failed]
-    if not prompt_ids:
-        raise ValueError("no prompts to evaluate: register some with POST /prompts first")
-    client.wait_ready(prompt_ids, timeout_s=timeout_s)
-    return list(prompt_ids)
-
-
-def evaluate_checkpoint(
-    client: CacheClient,
-    checkpoint: Path,
-    settings: EvaluateSettings,
-    *,
-    prompt_ids: Sequence[str] | None = None,
-    tree_budgets: Sequence[int] = (),
-    layer_ids: Sequence[int] | None = None,
-    block_size: int | None = None,
-    config_path: Path | None = None,
-    progress: bool = True,
-) -> EvalReport:
-    """Load `checkpoint` strictly for the server's target and evaluate it on `prompt_ids` (None: all)."""
-    info = client.model()
-    ckpt = load_checkpoint(
-        checkpoint, info, config_path=config_path, layer_ids_override=layer_ids, block_size_override=block_size
-    )
-    ids = select_prompts(client, prompt_ids, settings.timeout_s)
-    options = EvalOptions(
-        tree_budgets=tuple(tree_budgets),
-        device=str(resolve_device(settings.device)),
-        dtype=TORCH_DTYPES[settings.dtype],
-        progress=progress,
-    )
-    return evaluate(client, ckpt, ids, heads_cache=HeadsCache(settings.heads_cache), options=options)

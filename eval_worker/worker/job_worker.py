@@ -7,13 +7,16 @@ import logging
 import os
 import socket
 import threading
+from contextlib import ExitStack
 from pathlib import Path
 
 from cache_server.client import CacheClient, CacheClientError, JobsClient, LeaseLostError, ServerUnreachable
+from eval_worker.checkpoints.loading import LoadedCheckpoint, load_checkpoint
 from eval_worker.errors import CheckpointRefused
-from eval_worker.evaluation.evaluate import evaluate_checkpoint
+from eval_worker.evaluation.sweep import evaluate_checkpoints, feature_cache
 from eval_worker.settings import WorkerSettings
 from schemas.jobs import Claim
+from schemas.report import EvalReport
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +57,18 @@ class _LeaseKeeper:
 
 
 class JobWorker:
-    """Claims jobs from one cache server and evaluates them one at a time."""
+    """Claims jobs from one cache server and evaluates them, up to `max_batch_jobs` in one pass over
+    the prompts; fetched features stay resident across jobs (`feature_cache_gb`)."""
 
     def __init__(self, client: CacheClient, settings: WorkerSettings) -> None:
         self.client = client
         self.jobs = JobsClient(client)
         self.settings = settings
         self.name = settings.name or default_worker_name()
+        self.features = feature_cache(settings)
 
     def serve(self, stop: threading.Event) -> None:
-        """Claim and run jobs until `stop` is set (checked between jobs)."""
+        """Claim and run jobs until `stop` is set (checked between batches)."""
         log.info("worker %s polling %s every %.1f s", self.name, self.client.base_url, self.settings.poll_interval)
         while not stop.is_set():
             try:
@@ -75,43 +80,88 @@ class JobWorker:
                 stop.wait(self.settings.poll_interval)
 
     def run_one(self) -> bool:
-        """Claim one job and see it through; False when nothing was claimable."""
-        claim = self.jobs.claim(self.name, self.settings.lease_s)
-        if claim is None:
+        """Claim up to `max_batch_jobs` jobs and see each through to one outcome; False when none was
+        claimable. Each job keeps its own lease alive and gets its own report or failure."""
+        claims: list[Claim] = []
+        while len(claims) < self.settings.max_batch_jobs:
+            claim = self.jobs.claim(self.name, self.settings.lease_s)
+            if claim is None:
+                break
+            job = claim.job
+            log.info(
+                "job %s (attempt %d): %s on %d prompts", job.job_id, job.attempts, job.checkpoint, len(claim.prompt_ids)
+            )
+            claims.append(claim)
+        if not claims:
             return False
-        job = claim.job
-        log.info(
-            "job %s (attempt %d): %s on %d prompts", job.job_id, job.attempts, job.checkpoint, len(claim.prompt_ids)
-        )
-        with _LeaseKeeper(self.jobs, claim, self.settings.lease_s) as keeper:
+        with ExitStack() as stack:
+            keepers = [stack.enter_context(_LeaseKeeper(self.jobs, c, self.settings.lease_s)) for c in claims]
+            outcomes = self._evaluate(claims)
+        for claim, keeper, report in zip(claims, keepers, outcomes, strict=True):
+            if report is None or keeper.lost.is_set():
+                continue
             try:
-                report = evaluate_checkpoint(
-                    self.client,
+                self.jobs.complete(claim.job.job_id, claim.lease, report)
+                log.info("job %s done: chain tau %s", claim.job.job_id, report.summary.chain.mean_tau)
+            except LeaseLostError:
+                log.warning("job %s was taken over while running; this result was discarded", claim.job.job_id)
+        return True
+
+    def _evaluate(self, claims: list[Claim]) -> list[EvalReport | None]:
+        """Each job's report, or None once its failure is recorded. Jobs with the same tree budgets
+        are evaluated together; if that fails, one by one, so that each failure lands on its job."""
+        info = self.client.model()
+        loaded: dict[int, LoadedCheckpoint] = {}
+        for i, claim in enumerate(claims):
+            job = claim.job
+            try:
+                loaded[i] = load_checkpoint(
                     Path(job.checkpoint),
-                    self.settings,
-                    prompt_ids=claim.prompt_ids,
-                    tree_budgets=job.tree_budgets,
-                    layer_ids=job.target_layer_ids,
-                    block_size=job.block_size,
-                    progress=False,
+                    info,
+                    layer_ids_override=job.target_layer_ids,
+                    block_size_override=job.block_size,
                 )
             except CheckpointRefused as e:
                 self._fail(claim, f"checkpoint refused: {e}", retryable=False)
-                return True
-            except ServerUnreachable:
-                raise  # nothing can be reported; the lease expires and the job is retried
-            except Exception as e:
-                log.exception("job %s failed", job.job_id)
-                self._fail(claim, f"{type(e).__name__}: {e}", retryable=True)
-                return True
-        if keeper.lost.is_set():
-            return True
+        reports: list[EvalReport | None] = [None] * len(claims)
+        by_budgets: dict[tuple[int, ...], list[int]] = {}
+        for i in loaded:
+            by_budgets.setdefault(tuple(claims[i].job.tree_budgets), []).append(i)
+        for budgets, batch in by_budgets.items():
+            done = self._batch(batch, loaded, claims, budgets)
+            if done is None:  # the batch failed: one by one, so that each failure lands on its job
+                log.warning("a batch of %d jobs failed; evaluating them one by one", len(batch))
+                done = {}
+                for i in batch:
+                    done |= self._batch([i], loaded, claims, budgets) or {}
+            for i, report in done.items():
+                reports[i] = report
+        return reports
+
+    def _batch(
+        self, batch: list[int], loaded: dict[int, LoadedCheckpoint], claims: list[Claim], budgets: tuple[int, ...]
+    ) -> dict[int, EvalReport] | None:
+        """Reports of the jobs `batch` evaluated together; None if that failed (a single job's failure
+        is recorded on it)."""
         try:
-            self.jobs.complete(job.job_id, claim.lease, report)
-            log.info("job %s done: chain tau %s", job.job_id, report.summary.chain.mean_tau)
-        except LeaseLostError:
-            log.warning("job %s was taken over while running; this result was discarded", job.job_id)
-        return True
+            reports = evaluate_checkpoints(
+                self.client, [loaded[i] for i in batch], self.settings,
+                prompt_ids=[claims[i].prompt_ids for i in batch], tree_budgets=budgets, progress=False,
+                features=self.features,
+            )  # fmt: skip
+        except ServerUnreachable:
+            raise  # nothing can be reported; the leases expire and the jobs are retried
+        except Exception as e:
+            if len(batch) > 1:
+                return None
+            claim = claims[batch[0]]
+            if isinstance(e, CheckpointRefused):
+                self._fail(claim, f"checkpoint refused: {e}", retryable=False)
+            else:
+                log.exception("job %s failed", claim.job.job_id)
+                self._fail(claim, f"{type(e).__name__}: {e}", retryable=True)
+            return {}
+        return dict(zip(batch, reports, strict=True))
 
     def _fail(self, claim: Claim, error: str, *, retryable: bool) -> None:
         log.error("job %s failed (%s): %s", claim.job.job_id, "will retry" if retryable else "final", error)

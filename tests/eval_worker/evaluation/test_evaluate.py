@@ -12,17 +12,17 @@ import torch
 
 from cache_server.client import HiddenResult, TargetHeads
 from eval_worker.checkpoints.loading import LoadedCheckpoint, load_checkpoint
-from eval_worker.drafters.batched import draft_anchors
 from eval_worker.drafters.model import DFlashDrafter
 from eval_worker.errors import CheckpointRefused, FeatureMismatch
 from eval_worker.evaluation.evaluate import EvalOptions, evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache
-from eval_worker.scoring.acceptance import chain_round_taus
+from eval_worker.evaluation.walks import CHAIN
 from schemas.hidden import HiddenMetadata
 from schemas.layers import LAYER_CONVENTION
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
 from tests.eval_worker.helpers import BLOCK_SIZE, LAYER_IDS
+from tests.support.all_anchor import all_anchor_taus
 from tests.support.checkpoints import save_hf_checkpoint, save_torch_checkpoint
 from tests.support.live_loop import target_heads
 from tests.support.taps import target_forward
@@ -88,14 +88,14 @@ def _evaluate(source: TinySource, ckpt: LoadedCheckpoint, cache_dir: Path, **opt
 def test_report_matches_the_offline_walk(
     source: TinySource, checkpoint: LoadedCheckpoint, target: Any, sequences: Sequences, tmp_path: Path
 ) -> None:
-    report = _evaluate(source, checkpoint, tmp_path, tree_budgets=(2, 6), chunk_size=5)
+    report = _evaluate(source, checkpoint, tmp_path, tree_budgets=(2, 6), max_blocks=5, group_tokens=90)
     embed, head = target_heads(target)
     for prompt, ids, taps, n in zip(
         report.prompts, sequences.token_ids, sequences.taps, sequences.prompt_lens, strict=True
     ):
-        drafts = draft_anchors(checkpoint.drafter, taps, ids, range(n, len(ids) - 1), embed, head, top_k=1)
-        assert prompt.chain.round_taus == chain_round_taus(ids.tolist(), n, BLOCK_SIZE, drafts)
-        assert set(prompt.trees) == {2, 6}
+        expected = all_anchor_taus(checkpoint.drafter, taps, ids.tolist(), n, (2, 6), embed, head)
+        assert prompt.chain.round_taus == expected[CHAIN]
+        assert {b: t.round_taus for b, t in prompt.trees.items()} == {2: expected[2], 6: expected[6]}
     means = [p.chain.mean for p in report.prompts]
     assert report.summary.chain.mean_tau == pytest.approx(sum(m for m in means if m) / len(means))
     rounds = [t for p in report.prompts for t in p.chain.round_taus]
@@ -110,6 +110,14 @@ def test_report_matches_the_offline_walk(
     assert (report.block_size, report.target_fingerprint, report.dtype) == (BLOCK_SIZE, "tiny-fp", "float32")
     assert set(report.summary.trees) == {2, 6}
     assert EvalReport.model_validate_json(report.model_dump_json()) == report
+    cost = report.summary.cost
+    assert cost is not None
+    all_rounds = report.summary.chain.total_rounds + sum(t.total_rounds for t in report.summary.trees.values())
+    assert 0 < cost.drafted_blocks <= all_rounds
+    assert 0 < cost.lm_head_rows <= all_rounds * (BLOCK_SIZE - 1)  # what the live loops would project
+    taps_bytes = sum(len(ids) * 3 * 64 * 4 + len(ids) * 8 for ids in sequences.token_ids)  # fp32 taps + int64 ids
+    assert (cost.feature_bytes_fetched, cost.feature_cache_hits) == (taps_bytes, 0)
+    assert min(cost.seconds.fetch, cost.seconds.draft, cost.seconds.walk) >= 0 < cost.seconds.draft
 
 
 def test_hf_and_torch_checkpoints_score_the_same(

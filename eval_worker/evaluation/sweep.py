@@ -1,0 +1,91 @@
+"""Checkpoints evaluated against a cache server: each loaded strictly for the server's target, the
+prompts chosen and waited for, then all evaluated in one pass (`evaluate_many`). Shared by
+`eval-worker evaluate` (one checkpoint or a sweep) and the job worker."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from cache_server.client import CacheClient
+from cache_server.torch_utils import TORCH_DTYPES, resolve_device
+from eval_worker.checkpoints.loading import LoadedCheckpoint, load_checkpoint
+from eval_worker.errors import CheckpointRefused
+from eval_worker.evaluation.evaluate import EvalOptions, evaluate_many
+from eval_worker.evaluation.feature_cache import FeatureCache
+from eval_worker.evaluation.heads_cache import HeadsCache
+from eval_worker.settings import EvaluateSettings
+from schemas.model import ModelInfo
+from schemas.prompts import PromptStatus
+from schemas.report import EvalReport
+
+log = logging.getLogger(__name__)
+
+
+def select_prompts(client: CacheClient, prompt_ids: Sequence[str] | None, timeout_s: float) -> list[str]:
+    """The given ids, or every registered prompt that has not failed; waits until they are ready."""
+    if prompt_ids is None:
+        states = client.prompts()
+        failed = [s.prompt_id for s in states if s.status == PromptStatus.failed]
+        if failed:
+            log.warning("skipping %d prompts the target failed on: %s", len(failed), failed[:5])
+        prompt_ids = [s.prompt_id for s in states if s.status != PromptStatus.failed]
+    if not prompt_ids:
+        raise ValueError("no prompts to evaluate: register some with POST /prompts first")
+    client.wait_ready(prompt_ids, timeout_s=timeout_s)
+    return list(prompt_ids)
+
+
+def drafter_dtype(settings: EvaluateSettings, device: torch.device, info: ModelInfo) -> torch.dtype:
+    """The asked dtype; by default fp32 on CPU (exact) and the served dtype on a GPU, as engines run it."""
+    if settings.dtype is not None:
+        return TORCH_DTYPES[settings.dtype]
+    return TORCH_DTYPES[info.dtype] if device.type == "cuda" else torch.float32
+
+
+def feature_cache(settings: EvaluateSettings) -> FeatureCache:
+    """The resident-feature cache the settings ask for (host RAM, or the drafter's device)."""
+    device = resolve_device(settings.device) if settings.feature_cache_on_device else torch.device("cpu")
+    return FeatureCache(int(settings.feature_cache_gb * 2**30), device)
+
+
+def evaluate_checkpoints(
+    client: CacheClient,
+    checkpoints: Sequence[Path | LoadedCheckpoint],
+    settings: EvaluateSettings,
+    *,
+    prompt_ids: Sequence[Sequence[str] | None] | None = None,
+    tree_budgets: Sequence[int] = (),
+    layer_ids: Sequence[int] | None = None,
+    block_size: int | None = None,
+    config_path: Path | None = None,
+    progress: bool = True,
+    features: FeatureCache | None = None,
+) -> list[EvalReport]:
+    """Load each checkpoint strictly for the server's target and evaluate them together; checkpoint i
+    on `prompt_ids[i]` (None: every registered prompt the target has not failed on)."""
+    info = client.model()
+    loaded = []
+    for c in checkpoints:
+        if isinstance(c, LoadedCheckpoint):
+            loaded.append(c)
+            continue
+        try:
+            loaded.append(load_checkpoint(c, info, config_path=config_path, layer_ids_override=layer_ids,
+                                          block_size_override=block_size))  # fmt: skip
+        except CheckpointRefused as e:  # in a sweep, say which checkpoint
+            raise CheckpointRefused(str(e) if str(c) in str(e) else f"{c}: {e}") from None
+    wanted = prompt_ids if prompt_ids is not None else [None] * len(loaded)
+    ids = [select_prompts(client, p, settings.timeout_s) for p in wanted]
+    device = resolve_device(settings.device)
+    options = EvalOptions(
+        tree_budgets=tuple(tree_budgets),
+        device=str(device),
+        dtype=drafter_dtype(settings, device, info),
+        progress=progress,
+    )
+    heads = HeadsCache(settings.heads_cache)
+    return evaluate_many(client, loaded, ids, heads_cache=heads, options=options, features=features)
