@@ -21,7 +21,7 @@ from schemas.model import ModelInfo
 from schemas.report import EvalReport
 from tests.eval_worker.evaluation.test_evaluate import TinySource
 from tests.support.checkpoints import save_hf_checkpoint, save_torch_checkpoint
-from tests.support.servers import free_port, running_server
+from tests.support.servers import HIDDEN_REQUESTS, free_port, running_server, server_metric
 from tests.support.tiny_trainer import Sequences
 
 pytestmark = pytest.mark.slow
@@ -143,3 +143,44 @@ def test_device_cuda_without_a_gpu_is_a_clear_usage_error(
     assert main(["evaluate", str(ckpt), "--server", url, "--prompts", ids[0], "--device", "cuda"]) == 1
     assert main(["serve", "--server", url, "--device", "cuda"]) == 1
     assert capsys.readouterr().err.count("no CUDA device") == 2
+
+
+def test_a_sweep_fetches_each_prompt_once_and_writes_a_report_per_checkpoint(
+    server: tuple[str, list[str]],
+    trained_drafter: DFlashDrafter,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url, ids = server
+    monkeypatch.setenv("EVAL_WORKER_HEADS_CACHE", str(tmp_path / "heads"))
+    runs = tmp_path / "runs"
+    paths = [save_torch_checkpoint(runs / f"step_{s}.pt", trained_drafter, global_step=s, epoch=0) for s in (1, 2)]
+    paths.append(save_hf_checkpoint(runs / "final", trained_drafter))  # same layers, another layout
+    single = tmp_path / "single.json"
+    common = ["--server", url, "--all-prompts", "--tree-budget", "3", "--device", "cpu"]
+    assert main(["evaluate", str(paths[0]), *common, "--out", str(single)]) == 0
+
+    before = server_metric(url, HIDDEN_REQUESTS)
+    assert main(["evaluate", *map(str, paths), *common, "--out-dir", str(tmp_path / "reports")]) == 0
+    assert server_metric(url, HIDDEN_REQUESTS) - before == len(
+        ids
+    )  # one GET /hidden per prompt for all three checkpoints
+
+    reports = [EvalReport.model_validate_json((tmp_path / "reports" / n).read_text()) for n in
+               ("step_1.json", "step_2.json", "final.json")]  # fmt: skip
+    alone = EvalReport.model_validate_json(single.read_text())
+    for report in reports:
+        assert [p.chain for p in report.prompts] == [p.chain for p in alone.prompts]
+        assert [p.trees for p in report.prompts] == [p.trees for p in alone.prompts]
+    costs = [r.summary.cost for r in reports]
+    assert all(c is not None for c in costs)
+    assert costs[0].feature_bytes_fetched > 0 and costs[0].feature_cache_hits == 0  # type: ignore[union-attr]
+    assert [(c.feature_bytes_fetched, c.feature_cache_hits) for c in costs[1:]] == [(0, len(ids))] * 2  # type: ignore[union-attr]
+
+
+def test_out_takes_one_checkpoint(
+    server: tuple[str, list[str]], trained_drafter: DFlashDrafter, tmp_path: Path
+) -> None:
+    url, _ = server
+    paths = [str(save_torch_checkpoint(tmp_path / f"{s}.pt", trained_drafter, global_step=s, epoch=0)) for s in (1, 2)]
+    assert main(["evaluate", *paths, "--server", url, "--all-prompts", "--out", str(tmp_path / "r.json")]) == 1

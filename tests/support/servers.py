@@ -4,6 +4,7 @@ child process, or an app served in this process."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -99,3 +100,15 @@ def serving_app(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+HIDDEN_REQUESTS = "cache_server_hidden_requests_total"
+
+
+def server_metric(url: str, name: str) -> float:
+    """The value of one Prometheus metric of a running server."""
+    text = httpx.get(f"{url}/metrics").text
+    match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
+    if match is None:
+        raise KeyError(f"{name} not in {url}/metrics")
+    return float(match.group(1))

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 import torch
 
-from eval_worker.drafters.batched import draft_anchors
 from eval_worker.drafters.model import DFlashDrafter
-from eval_worker.scoring.acceptance import chain_round_taus, tree_round_taus
+from eval_worker.evaluation.walks import CHAIN, DraftCost, PromptFeatures, walk_prompts
 from tests.eval_worker.helpers import BLOCK_SIZE, LAYER_IDS
+from tests.support.all_anchor import all_anchor_taus
 from tests.support.live_loop import live_decode, target_heads
 from tests.support.taps import target_forward
 from tests.support.tiny_trainer import Sequences
@@ -19,15 +19,16 @@ TREE_BUDGET = 6
 
 
 def _offline(target: Any, drafter: DFlashDrafter, token_ids: list[int], prompt_len: int) -> tuple[list[int], list[int]]:
-    """Chain and DDTree taus from ONE forward over prompt + the target's greedy response."""
+    """Chain and DDTree taus from ONE forward over prompt + the target's greedy response, walk-driven
+    as the evaluator runs them (and equal to drafting every anchor, the reference path)."""
     taps = target_forward(target, torch.tensor([token_ids]), LAYER_IDS).taps[0]
     embed, head = target_heads(target)
-    anchors = range(prompt_len, len(token_ids) - 1)
-    drafts = draft_anchors(drafter, taps, torch.tensor(token_ids), anchors, embed, head, top_k=TREE_BUDGET)
-    return (
-        chain_round_taus(token_ids, prompt_len, BLOCK_SIZE, drafts),
-        tree_round_taus(token_ids, prompt_len, BLOCK_SIZE, drafts, TREE_BUDGET),
+    prompt = PromptFeatures(taps, token_ids, prompt_len)
+    [walked] = walk_prompts(
+        drafter, [prompt], embed, head, tree_budgets=(TREE_BUDGET,), top_k=TREE_BUDGET, cost=DraftCost()
     )
+    assert walked == all_anchor_taus(drafter, taps, token_ids, prompt_len, (TREE_BUDGET,), embed, head)
+    return walked[CHAIN], walked[TREE_BUDGET]
 
 
 @pytest.fixture(scope="module")

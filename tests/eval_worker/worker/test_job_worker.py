@@ -22,7 +22,7 @@ from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobState, JobStatus
 from tests.support.checkpoints import save_torch_checkpoint
-from tests.support.servers import free_port, running_server
+from tests.support.servers import HIDDEN_REQUESTS, free_port, running_server, server_metric
 from tests.support.tiny_trainer import tiny_drafter_config
 
 pytestmark = pytest.mark.slow
@@ -137,3 +137,35 @@ def test_a_refused_checkpoint_fails_at_once_without_retries(
             assert (final.status, final.attempts) == (JobStatus.failed, 1)
             assert final.error is not None and "refused" in final.error and "[1, 2, 3, 4]" in final.error
             assert not worker.run_one()  # nothing left to claim: no retry
+
+
+def test_a_batch_of_jobs_shares_one_pass_and_each_gets_its_own_outcome(
+    tiny_target: Path, checkpoints: Path, tmp_path: Path
+) -> None:
+    bad = checkpoints / "bad"
+    bad.mkdir(exist_ok=True)
+    state = torch.load(checkpoints / "step_0.pt", weights_only=True)
+    state["config"]["dflash_config"]["target_layer_ids"] = [1, 2, 3, 4]
+    torch.save(state, bad / "four_layers_batch.pt")
+    with running_server(tiny_target, tmp_path / "store", "--checkpoint-root", str(checkpoints)) as url:
+        ids = _register(url)
+        with CacheClient(url) as client:
+            jobs = JobsClient(client)
+            good = [jobs.submit(f"step_{i}.pt", tree_budgets=[4]) for i in range(3)]
+            refused = jobs.submit("bad/four_layers_batch.pt", tree_budgets=[4])
+            settings = WorkerSettings(server=url, device="cpu", heads_cache=tmp_path / "heads", max_batch_jobs=4)
+            worker = JobWorker(client, settings)
+            before = server_metric(url, HIDDEN_REQUESTS)
+            assert worker.run_one()  # claims all four at once
+            assert server_metric(url, HIDDEN_REQUESTS) - before == len(ids)  # the three good ones read each prompt once
+            finals = [jobs.job(j.job_id) for j in good]
+            assert [(f.status, f.attempts) for f in finals] == [(JobStatus.done, 1)] * 3
+            assert sorted(jobs.report(j.job_id).step or 0 for j in good) == [0, 1, 2]
+            failed = jobs.job(refused.job_id)
+            assert (failed.status, failed.attempts) == (JobStatus.failed, 1) and "refused" in (failed.error or "")
+            before = server_metric(url, HIDDEN_REQUESTS)
+            again = jobs.submit("step_3.pt", tree_budgets=[4])
+            assert worker.run_one()  # the next job finds every prompt resident in the worker
+            assert server_metric(url, HIDDEN_REQUESTS) == before
+            cost = jobs.report(again.job_id).summary.cost
+            assert cost is not None and (cost.feature_bytes_fetched, cost.feature_cache_hits) == (0, len(ids))
