@@ -86,15 +86,30 @@ def test_evaluation_on_cuda_scores_what_the_cpu_does(tiny_target: Path, tmp_path
     heads = TargetHeads(as_numpy(embed), as_numpy(lm_head), "fp")
     ids = torch.randint(0, 500, (64,))
     source = _Source(info, ids, torch.randn(64, 3 * 64), heads)
+    runs = [("cpu", torch.float32), ("cuda", torch.float32), ("cuda", torch.bfloat16)]
     reports = [
         evaluate(
             source,
             load_checkpoint(ckpt, info),
             ["p"],
-            heads_cache=HeadsCache(tmp_path / d),
-            options=EvalOptions(tree_budgets=(4,), device=d, progress=False),
+            heads_cache=HeadsCache(tmp_path / f"{d}-{dtype}"),
+            options=EvalOptions(tree_budgets=(4,), device=d, dtype=dtype, progress=False),
         )
-        for d in ("cpu", "cuda")
+        for d, dtype in runs
     ]
-    assert reports[0].prompts[0].chain == reports[1].prompts[0].chain
-    assert reports[1].device == "cuda"
+    assert reports[0].prompts[0].chain == reports[1].prompts[0].chain  # fp32 is exact on either device
+    assert reports[1].device == "cuda" and reports[2].dtype == "bfloat16"
+    # bf16 (the default on a GPU, as engines run drafters) is not exact: report how often its walk agrees.
+    fp32, bf16 = (_rounds(r.prompts[0].prompt_len, r.prompts[0].chain.round_taus) for r in reports[1:])
+    agree = len(fp32 & bf16) / len(fp32)  # rounds at the same anchor with the same tau
+    print(f"bf16 vs fp32 drafter on CUDA: {agree:.1%} of {len(fp32)} chain rounds agree")
+    assert agree >= 0.5
+
+
+def _rounds(prompt_len: int, taus: list[int]) -> set[tuple[int, int]]:
+    """(anchor, tau) of every round of a walk."""
+    out, s = set(), prompt_len
+    for tau in taus:
+        out.add((s, tau))
+        s += tau
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from eval_worker.checkpoints.layer_ids import default_layer_ids
 from eval_worker.checkpoints.loading import load_checkpoint, read_raw
 from eval_worker.drafters.config import DrafterConfig
 
@@ -17,6 +18,9 @@ def describe_checkpoint(path: Path, *, config_path: Path | None = None, server: 
     taps = fc_shape[1] // cfg.hidden_size if fc_shape and fc_shape[1] % cfg.hidden_size == 0 else None
     if cfg.target_layer_ids is not None:
         layers = f"{list(cfg.target_layer_ids)} (from the checkpoint)"
+    elif taps is not None and cfg.num_target_layers is not None:
+        ids = default_layer_ids(cfg.num_target_layers, taps)
+        layers = f"{ids} (inferred with the DFlash formula: {taps} taps of {cfg.num_target_layers} layers)"
     else:
         layers = (
             f"not in the checkpoint: inferred at evaluation from fc width ({taps} taps) with the DFlash "

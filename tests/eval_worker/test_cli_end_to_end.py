@@ -184,3 +184,15 @@ def test_out_takes_one_checkpoint(
     url, _ = server
     paths = [str(save_torch_checkpoint(tmp_path / f"{s}.pt", trained_drafter, global_step=s, epoch=0)) for s in (1, 2)]
     assert main(["evaluate", *paths, "--server", url, "--all-prompts", "--out", str(tmp_path / "r.json")]) == 1
+
+
+def test_inspect_shows_the_inferred_ids_when_the_config_says_the_target_depth(
+    trained_drafter: DFlashDrafter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = save_hf_checkpoint(tmp_path / "hf", trained_drafter)
+    config = json.loads((ckpt / "config.json").read_text())
+    del config["dflash_config"]["target_layer_ids"]
+    config["num_target_layers"] = 12
+    (ckpt / "config.json").write_text(json.dumps(config))
+    assert main(["inspect", str(ckpt)]) == 0
+    assert "[1, 5, 9] (inferred with the DFlash formula: 3 taps of 12 layers)" in capsys.readouterr().out
