@@ -1,15 +1,16 @@
-"""One drafter checkpoint's chain tau and DDTree tau over a prompt set, evaluated three ways side by side.
+"""What one more checkpoint costs, measured side by side in one run against a real cache server.
 
-Run from the repository root: `.venv/bin/python -m bench.eval_throughput [--target-layers 12]
-[--target-hidden 256] [--drafter-layers 1] [--block-size 8] [--prompts 16] [--response-len 128]`.
-  batched        - what the eval worker does: cached taps, `draft_anchors` over every anchor, then the walks;
-  round-by-round - the same cached taps, one `draft_block` forward per round, following each walk;
-  no cache       - a full `target_forward` over every prompt for its taps, then the batched evaluation.
-The cached taps are tensors already in memory (fetching them over HTTP is `bench/serve_hidden.py`'s
-subject); response tokens are stored in every case, so no path pays for generation. The three paths
-must give identical per-round taus, or the run stops. Each time is the median of `--repeats` runs, all
-under the same `--threads` (default 1: on 2 shared cores extra intra-op threads only thrash). Analytic
-FLOP ratios for a 64-layer H=5120 target follow, to extrapolate the no-cache penalty to a real target.
+Run from the repository root: `.venv/bin/python -m bench.eval_throughput [--prompts 16] [--response-len 128]`.
+A tiny target whose lm_head dominates the drafter (hidden 128, vocab 8192), a cache server process
+on loopback holding the prompts and the target's greedy responses, and a 1-layer drafter trained on
+the cached features until its chain tau is above 2. Per checkpoint, on the same prompts:
+  all-anchor  - draft every anchor, then walk (the old evaluator), features already in memory;
+  walk cold   - walk-driven drafting, features fetched over HTTP (ahead of the drafter) from the server;
+  walk warm   - walk-driven drafting, features resident in the worker's feature cache;
+  target      - rerun the target over the prompts for its taps (no cache), then walk-driven drafting.
+All four must give identical per-round taus, or the run stops. Then a sweep of 4 checkpoints in one
+pass against 4 separate evaluations (HTTP requests and wall time), and the FLOP accounting at
+published shapes (`bench/flop_model.py`).
 """
 
 from __future__ import annotations
@@ -18,104 +19,34 @@ import argparse
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
+from bench.flop_model import published_table
 from cache_server.capture.tiny_model import SPARE_ROWS, build_tiny_model
+from cache_server.client import CacheClient
 from eval_worker.checkpoints.layer_ids import default_layer_ids
-from eval_worker.drafters.batched import draft_anchors
-from eval_worker.drafters.model import DFlashDrafter, draft_block
-from eval_worker.scoring.acceptance import DraftLookup, chain_round_taus, tree_round_taus
-from tests.support.live_loop import target_heads
+from eval_worker.checkpoints.loading import LoadedCheckpoint, load_checkpoint
+from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.evaluation.evaluate import EvalOptions, evaluate
+from eval_worker.evaluation.feature_cache import FeatureCache
+from eval_worker.evaluation.heads_cache import HeadsCache
+from eval_worker.evaluation.sweep import evaluate_checkpoints
+from eval_worker.evaluation.walks import CHAIN, DraftCost, PromptFeatures, walk_prompts
+from eval_worker.settings import EvaluateSettings
+from schemas.report import EvalReport
+from tests.support.all_anchor import all_anchor_taus
+from tests.support.checkpoints import save_torch_checkpoint
+from tests.support.servers import HIDDEN_REQUESTS, running_server, server_metric
 from tests.support.taps import target_forward
 from tests.support.tiny_trainer import Sequences, TinyTrainer, tiny_drafter_config
 
 R = TypeVar("R")
-Taus = list[tuple[list[int], list[int]]]  # per prompt: (chain round taus, tree round taus)
-
-
-@dataclass(frozen=True)
-class Workload:
-    token_ids: list[Tensor]  # [T] prompt + greedy response, per prompt
-    prompt_len: int
-    layer_ids: list[int]
-    embed: Tensor  # [V, H]
-    lm_head: Tensor  # [V, H]
-    block_size: int
-    budget: int
-    chunk_size: int
-
-
-@dataclass(frozen=True)
-class Outcome:
-    taus: Taus
-    forwards: int  # drafter forwards: anchors drafted (batched) or rounds drafted (round-by-round)
-
-
-def walks(ids: Tensor, drafts: DraftLookup, w: Workload) -> tuple[list[int], list[int]]:
-    """(chain round taus, tree round taus) of one prompt."""
-    tokens = ids.tolist()
-    return (
-        chain_round_taus(tokens, w.prompt_len, w.block_size, drafts),
-        tree_round_taus(tokens, w.prompt_len, w.block_size, drafts, w.budget),
-    )
-
-
-def evaluate_batched(drafter: DFlashDrafter, taps: Sequence[Tensor], w: Workload) -> Outcome:
-    taus: Taus = []
-    anchors = 0
-    for ids, t in zip(w.token_ids, taps, strict=True):
-        span = range(w.prompt_len, ids.shape[0] - 1)
-        drafts = draft_anchors(drafter, t, ids, span, w.embed, w.lm_head, top_k=w.budget, chunk_size=w.chunk_size)
-        taus.append(walks(ids, drafts, w))
-        anchors += len(span)
-    return Outcome(taus, anchors)
-
-
-class RoundDrafts:
-    """A `DraftLookup` that runs the literal one-round forward each time a walk asks for an anchor."""
-
-    def __init__(self, drafter: DFlashDrafter, taps: Tensor, token_ids: Tensor, w: Workload) -> None:
-        self.drafter, self.taps, self.token_ids, self.w = drafter, taps, token_ids, w
-        self.forwards = 0
-
-    @torch.no_grad()
-    def _logits(self, s: int) -> Tensor:
-        self.forwards += 1
-        block = torch.tensor([int(self.token_ids[s])] + [self.drafter.cfg.mask_token_id] * (self.w.block_size - 1))
-        return draft_block(self.drafter, self.taps[:s], block, self.w.embed, self.w.lm_head)  # [B-1, V]
-
-    def greedy_drafts(self, s: int) -> list[int]:
-        return [int(t) for t in self._logits(s).argmax(dim=-1).tolist()]
-
-    def top(self, s: int) -> tuple[Tensor, Tensor]:
-        top = torch.log_softmax(self._logits(s).float(), dim=-1).topk(min(self.w.budget, self.w.embed.shape[0]))
-        return top.values, top.indices
-
-
-def evaluate_round_by_round(drafter: DFlashDrafter, taps: Sequence[Tensor], w: Workload) -> Outcome:
-    taus: Taus = []
-    forwards = 0
-    for ids, t in zip(w.token_ids, taps, strict=True):
-        drafts = RoundDrafts(drafter, t, ids, w)
-        taus.append(walks(ids, drafts, w))
-        forwards += drafts.forwards
-    return Outcome(taus, forwards)
-
-
-def compute_taps(target: nn.Module, w: Workload, batch: int) -> list[Tensor]:
-    """Taps [T, K*H] of every prompt, from batched target forwards (all sequences have the same length)."""
-    taps: list[Tensor] = []
-    for start in range(0, len(w.token_ids), batch):
-        ids = torch.stack(w.token_ids[start : start + batch])  # [n, T]
-        taps.extend(target_forward(target, ids, w.layer_ids).taps)
-    return taps
+Taus = list[dict[int, list[int]]]
 
 
 def timed(fn: Callable[[], R], repeats: int) -> tuple[R, float]:
@@ -129,223 +60,156 @@ def timed(fn: Callable[[], R], repeats: int) -> tuple[R, float]:
     return out, statistics.median(seconds)
 
 
-# --- FLOP model (multiply-adds x 2; norms, RoPE, softmax ignored) -------------------------------------
+def report_taus(report: EvalReport) -> Taus:
+    return [{CHAIN: p.chain.round_taus, **{b: t.round_taus for b, t in p.trees.items()}} for p in report.prompts]
 
 
-@dataclass(frozen=True)
-class Shape:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-
-    def layer_per_token(self) -> int:
-        """q/k/v/o projections and the SwiGLU MLP of one token through one layer."""
-        h, qd, kvd = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return 2 * h * (2 * qd + 2 * kvd) + 6 * h * self.intermediate
-
-    def attention(self, queries: int, keys: int) -> int:
-        return 4 * self.heads * self.head_dim * queries * keys
-
-
-def target_flops(t: Shape, total: int) -> int:
-    """One causal forward over `total` tokens, lm_head included (target_forward computes logits)."""
-    causal_pairs = total * (total + 1) // 2
-    return total * (t.layers * t.layer_per_token() + 2 * t.hidden * t.vocab) + t.layers * t.attention(1, causal_pairs)
-
-
-def drafter_flops(d: Shape, taps: int, block: int, total: int, prompt_len: int) -> int:
-    """Batched drafting of every anchor s in [prompt_len, total - 1) of one sequence (as `draft_anchors`)."""
-    kvd = d.kv_heads * d.head_dim
-    context = total * (2 * taps * d.hidden * d.hidden + d.layers * 4 * d.hidden * kvd)  # fc, then k/v per layer
-    anchors = range(prompt_len, total - 1)
-    blocks = len(anchors) * (block * d.layers * d.layer_per_token() + 2 * (block - 1) * d.hidden * d.vocab)
-    attention = d.layers * sum(d.attention(block, s + block) for s in anchors)
-    return context + blocks + attention
-
-
-def flop_ratios(
-    t: Shape, drafter_layers: int, taps: int, block: int, total: int, prompt_len: int
-) -> tuple[float, float]:
-    """(one target forward over a sequence / drafting all its anchors batched,
-    one target token / one drafted block, layers and heads only: no attention, no context projection)."""
-    d = Shape(drafter_layers, t.hidden, t.heads, t.kv_heads, t.head_dim, t.intermediate, t.vocab)
-    per_seq = target_flops(t, total) / drafter_flops(d, taps, block, total, prompt_len)
-    token = t.layers * t.layer_per_token() + 2 * t.hidden * t.vocab
-    drafted_block = block * d.layers * d.layer_per_token() + 2 * (block - 1) * d.hidden * d.vocab
-    return per_seq, token / drafted_block
-
-
-QWEN3_32B = Shape(layers=64, hidden=5120, heads=64, kv_heads=8, head_dim=128, intermediate=25600, vocab=151936)
-
-
-# --- setup (untimed) and report -----------------------------------------------------------------------
-
-
-def build_workload(target: Any, args: argparse.Namespace) -> Workload:
-    cfg = target.config
+def register(client: CacheClient, args: argparse.Namespace, vocab: int) -> list[str]:
     gen = torch.Generator().manual_seed(args.seed)
-    prompts = torch.randint(3, cfg.vocab_size - SPARE_ROWS, (args.prompts, args.prompt_len), generator=gen)
-    with torch.no_grad():
-        full = target.generate(
-            prompts,
-            attention_mask=torch.ones_like(prompts),
-            max_new_tokens=args.response_len,
-            min_new_tokens=args.response_len,
-            do_sample=False,
-            pad_token_id=cfg.pad_token_id,
-        )
-    embed, lm_head = target_heads(target)
-    return Workload(
-        token_ids=list(full),
-        prompt_len=args.prompt_len,
-        layer_ids=default_layer_ids(cfg.num_hidden_layers, args.taps),
-        embed=embed,
-        lm_head=lm_head,
-        block_size=args.block_size,
-        budget=args.tree_budget,
-        chunk_size=args.chunk_size,
-    )
+    prompts = torch.randint(3, vocab - SPARE_ROWS, (args.prompts, args.prompt_len), generator=gen).tolist()
+    ids = [p.prompt_id for p in client.register([{"token_ids": p} for p in prompts], max_new_tokens=args.response_len)]
+    client.wait_ready(ids, timeout_s=600)
+    return ids
 
 
-def build_drafter(target: Any, w: Workload, taps: list[Tensor], args: argparse.Namespace) -> DFlashDrafter:
-    """Random weights, then `--train-steps` of the tiny trainer on these very sequences (for a tau above 1)."""
-    cfg = tiny_drafter_config(target.config, w.layer_ids, block_size=args.block_size, num_layers=args.drafter_layers)
+def train(
+    client: CacheClient, target: Any, ids: list[str], layers: list[int], runs: Path, args: argparse.Namespace
+) -> list[Path]:
+    """A 1-layer drafter trained on the cached features, saved at 4 steps; returns the checkpoints."""
+    results = [client.hidden(pid, layers) for pid in ids]
+    tensors = [r.to_torch() for r in results]
+    data = Sequences([t.clone() for _, t in tensors], [h.float() for h, _ in tensors], [args.prompt_len] * len(ids))
+    embed, lm_head = (t.float() for t in client.heads().to_torch())
+    cfg = tiny_drafter_config(target.config, layers, block_size=args.block_size, num_layers=1)
     torch.manual_seed(args.seed)
-    drafter = DFlashDrafter(cfg, len(w.layer_ids))
-    if args.train_steps:
-        data = Sequences(w.token_ids, taps, [w.prompt_len] * len(taps))
-        TinyTrainer(drafter, data, w.embed, w.lm_head, lr=3e-3, seed=args.seed).run(args.train_steps)
-    return drafter.eval()
+    drafter = DFlashDrafter(cfg, len(layers))
+    trainer = TinyTrainer(drafter, data, embed, lm_head, lr=3e-3, seed=args.seed)
+    paths = []
+    for step in [args.train_steps * (i + 1) // 4 for i in range(4)]:
+        trainer.run(step - trainer.global_step)
+        paths.append(save_torch_checkpoint(runs / f"step_{step}.pt", drafter.eval(), global_step=step, epoch=0))
+    return paths
 
 
-def mean_tau(taus: Taus, index: int) -> float:
-    means = [sum(t[index]) / len(t[index]) for t in taus if t[index]]
-    return sum(means) / len(means)
+def per_checkpoint(
+    client: CacheClient, target: Any, ckpt: LoadedCheckpoint, ids: list[str], tmp: Path, args: argparse.Namespace
+) -> None:
+    budgets = (args.tree_budget,)
+    options = EvalOptions(tree_budgets=budgets, progress=False)
+    heads = HeadsCache(tmp / "heads")
+    drafter, layers = ckpt.drafter, list(ckpt.target_layer_ids)
+    embed, lm_head = (t.float() for t in client.heads().to_torch())
+    resident = FeatureCache(1 << 34)
+    warm_report = evaluate(client, ckpt, ids, heads_cache=heads, options=options, features=resident)
+    features = [resident.get(pid, layers) for pid in ids]
+    prompts = [PromptFeatures(f.hidden.float(), f.token_ids.tolist(), f.metadata.prompt_len) for f in features if f]
 
+    def every_anchor() -> Taus:
+        return [all_anchor_taus(drafter, p.taps, p.token_ids, p.prompt_len, budgets, embed, lm_head) for p in prompts]
 
-def print_flop_ratios(c: Any, args: argparse.Namespace, t_target: float, t_batched: float) -> None:
-    """Analytic target-forward / drafter FLOPs for this run's shapes and for a real 64-layer target,
-    and the no-cache penalty this run's measured efficiency predicts for the latter."""
-    tiny = Shape(
-        c.num_hidden_layers,
-        c.hidden_size,
-        c.num_attention_heads,
-        c.num_key_value_heads,
-        c.head_dim,
-        c.intermediate_size,
-        c.vocab_size,
-    )
-    total = args.prompt_len + args.response_len
-    cases = [
-        ("this run", tiny, args.drafter_layers, total, args.prompt_len),
-        ("Qwen3-32B-like", QWEN3_32B, 1, total, args.prompt_len),
-        ("Qwen3-32B-like", QWEN3_32B, 1, 2048, 512),
+    def cold() -> EvalReport:
+        return evaluate(client, ckpt, ids, heads_cache=heads, options=options, features=FeatureCache(1 << 34))
+
+    def warm() -> EvalReport:
+        return evaluate(client, ckpt, ids, heads_cache=heads, options=options, features=resident)
+
+    def rerun_target() -> Taus:
+        ids_t = torch.tensor([p.token_ids for p in prompts])
+        taps = target_forward(target, ids_t, layers).taps  # [N, T, K*H]
+        rerun = [PromptFeatures(t, p.token_ids, p.prompt_len) for t, p in zip(taps, prompts, strict=True)]
+        return walk_prompts(drafter, rerun, embed, lm_head, tree_budgets=budgets, top_k=max(budgets), cost=DraftCost())
+
+    reference, t_all = timed(every_anchor, args.repeats)
+    cold_report, t_cold = timed(cold, args.repeats)
+    warm_report, t_warm = timed(warm, args.repeats)
+    rerun, t_target = timed(rerun_target, args.repeats)
+    if not reference == report_taus(cold_report) == report_taus(warm_report) == rerun:
+        raise SystemExit("per-round taus differ between the paths; the timings below would mean nothing")
+    rounds = sum(len(t) for taus in reference for t in taus.values())
+    anchors = sum(len(p.token_ids) - 1 - p.prompt_len for p in prompts)
+    cost = warm_report.summary.cost
+    assert cost is not None
+    s = warm_report.summary
+    print(f"chain tau {s.chain.mean_tau:.3f}, DDTree-{args.tree_budget} tau {s.trees[args.tree_budget].mean_tau:.3f}; "
+          f"{rounds} rounds over both walks; per-round taus identical on all four paths")  # fmt: skip
+    print(f"{'per checkpoint':<42} {'wall s':>8} {'vs warm':>8} {'drafted blocks':>15} {'lm_head rows':>13}")
+    rows = [
+        ("all-anchor (features in memory)", t_all, anchors, anchors * (args.block_size - 1)),
+        ("walk-driven, cold (HTTP, fetched ahead)", t_cold, cost.drafted_blocks, cost.lm_head_rows),
+        ("walk-driven, warm (features resident)", t_warm, cost.drafted_blocks, cost.lm_head_rows),
+        ("rerun the target, then walk-driven", t_target, cost.drafted_blocks, cost.lm_head_rows),
     ]
-    print()
-    print(f"FLOPs, target forward / drafter forward, block size {args.block_size}. Per sequence: one target")
-    print("forward over it / drafting all its anchors batched. Per block: one target token / one drafted block.")
-    ratios = []
-    for label, shape, layers, t, prompt_len in cases:
-        seq, block = flop_ratios(shape, layers, args.taps, args.block_size, t, prompt_len)
-        ratios.append(seq)
-        print(
-            f"  {label:<15} target {shape.layers:2d} layers H={shape.hidden:<4} V={shape.vocab:<6}, drafter "
-            f"{layers} layer(s), T={t:<4} (prompt {prompt_len:3d}): per sequence {seq:5.2f}, per block {block:5.2f}"
-        )
-    efficiency = (t_target / t_batched) / ratios[0]  # measured time ratio per FLOP ratio on this machine
-    print(
-        f"Measured here: target forward / batched evaluation = {t_target / t_batched:.2f} in time vs "
-        f"{ratios[0]:.2f} in FLOPs.\n"
-        f"Extrapolation: no cache / batched ~ 1 + per-sequence FLOP ratio x {efficiency:.2f}, i.e. "
-        f"~{1 + ratios[1] * efficiency:.1f}x (T={total}) and ~{1 + ratios[2] * efficiency:.1f}x (T=2048) for a\n"
-        "64-layer H=5120 target with a 1-layer drafter, against this run's tiny target. There the no-cache\n"
-        "path also needs the whole target resident on accelerators; the cached path only embed_tokens + lm_head."
-    )
+    for name, seconds, blocks, lm_rows in rows:
+        print(f"{name:<42} {seconds:8.3f} {seconds / t_warm:8.2f} {blocks:15d} {lm_rows:13d}")
+    live_rows = rounds * (args.block_size - 1)
+    print(f"drafted blocks / rounds {cost.drafted_blocks / rounds:.2f}; lm_head rows / live loop's "
+          f"{cost.lm_head_rows / live_rows:.2f}; cold fetch wait {cold_report.summary.cost.seconds.fetch:.3f} s "  # type: ignore[union-attr]
+          f"of {t_cold:.3f} s")  # fmt: skip
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target-layers", type=int, default=12)
-    p.add_argument("--target-hidden", type=int, default=256)
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--drafter-layers", type=int, default=1)
-    p.add_argument("--taps", type=int, default=5, help="target layers the drafter reads (DFlash formula)")
-    p.add_argument("--block-size", type=int, default=8)
-    p.add_argument("--tree-budget", type=int, default=8, help="DDTree-B budget")
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--response-len", type=int, default=128)
-    p.add_argument("--chunk-size", type=int, default=16, help="anchors per batched drafter pass")
-    p.add_argument("--target-batch", type=int, default=16, help="sequences per target forward (no cache)")
-    p.add_argument("--train-steps", type=int, default=60, help="0 = random drafter (tau ~ 1)")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads, the same for all three paths")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args()
+def sweep(url: str, paths: list[Path], ids: list[str], tmp: Path, args: argparse.Namespace) -> None:
+    settings = EvaluateSettings(server=url, device="cpu", heads_cache=tmp / "heads", feature_cache_gb=0)
+    with CacheClient(url) as client:
+
+        def run(checkpoints: list[Path]) -> list[EvalReport]:
+            budgets, wanted = (args.tree_budget,), [ids] * len(checkpoints)
+            return evaluate_checkpoints(client, checkpoints, settings, prompt_ids=wanted, tree_budgets=budgets,
+                                        progress=False, features=FeatureCache(0))  # fmt: skip
+
+        def one_pass() -> list[EvalReport]:
+            return run(paths)
+
+        def separately() -> list[EvalReport]:
+            return [report for p in paths for report in run([p])]
+
+        before = server_metric(url, HIDDEN_REQUESTS)
+        together, t_one = timed(one_pass, args.repeats)
+        one_requests = (server_metric(url, HIDDEN_REQUESTS) - before) / (args.repeats + 1)
+        before = server_metric(url, HIDDEN_REQUESTS)
+        apart, t_apart = timed(separately, args.repeats)
+        apart_requests = (server_metric(url, HIDDEN_REQUESTS) - before) / (args.repeats + 1)
+    if [report_taus(r) for r in together] != [report_taus(r) for r in apart]:
+        raise SystemExit("a sweep scored differently from separate evaluations")
+    print(f"\nsweep of {len(paths)} checkpoints x {len(ids)} prompts (no resident features between runs):")
+    print(f"  one pass:    {one_requests:5.0f} GET /hidden, {t_one:7.3f} s")
+    print(f"  separately:  {apart_requests:5.0f} GET /hidden, {t_apart:7.3f} s  ({t_apart / t_one:.2f}x the time)")
 
 
 def main() -> None:
-    args = parse_args()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target-layers", type=int, default=12)
+    p.add_argument("--target-hidden", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--taps", type=int, default=3)
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--tree-budget", type=int, default=8)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--response-len", type=int, default=128)
+    p.add_argument("--train-steps", type=int, default=160)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads, the same for every path")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
     torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_model(
-            Path(tmp), layers=args.target_layers, hidden=args.target_hidden, vocab=args.vocab, seed=args.seed
-        )
-        target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    w = build_workload(target, args)
-    cached = compute_taps(target, w, args.target_batch)  # what the cache holds, computed once
-    drafter = build_drafter(target, w, cached, args)
-
-    def no_cache() -> Outcome:
-        return evaluate_batched(drafter, compute_taps(target, w, args.target_batch), w)
-
-    batched, t_batched = timed(lambda: evaluate_batched(drafter, cached, w), args.repeats)
-    rounds, t_rounds = timed(lambda: evaluate_round_by_round(drafter, cached, w), args.repeats)
-    uncached, t_uncached = timed(no_cache, args.repeats)
-    _, t_target = timed(lambda: compute_taps(target, w, args.target_batch), args.repeats)
-    if not batched.taus == rounds.taus == uncached.taus:
-        raise SystemExit("per-round taus differ between the three paths; the timings below would mean nothing")
-
-    chain_rounds = sum(len(c) for c, _ in batched.taus)
-    tree_rounds = sum(len(t) for _, t in batched.taus)
-    n = len(w.token_ids)
-    c = target.config
-    print(
-        f"target {c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}; drafter "
-        f"{args.drafter_layers} layer(s), block {args.block_size}, taps {w.layer_ids}; {n} prompts x "
-        f"({args.prompt_len} prompt + {args.response_len} greedy response) tokens; {args.threads} torch "
-        f"thread(s); median of {args.repeats}"
-    )
-    print(
-        f"chain tau {mean_tau(batched.taus, 0):.3f} ({chain_rounds} rounds), DDTree-{args.tree_budget} tau "
-        f"{mean_tau(batched.taus, 1):.3f} ({tree_rounds} rounds); drafter trained {args.train_steps} steps "
-        "on these sequences"
-    )
-    print("per-round taus: identical across batched, round-by-round and no-cache")
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        model = build_tiny_model(tmp / "target", layers=args.target_layers, hidden=args.target_hidden,
+                                 vocab=args.vocab, seed=args.seed)  # fmt: skip
+        target = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+        layers = default_layer_ids(args.target_layers, args.taps)
+        with running_server(model, tmp / "store") as url, CacheClient(url) as client:
+            ids = register(client, args, args.vocab)
+            paths = train(client, target, ids, layers, tmp / "runs", args)
+            c = target.config
+            print(f"target {c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}; 1-layer "
+                  f"drafter, block {args.block_size}, layers {layers}; {len(ids)} prompts x ({args.prompt_len} + "
+                  f"{args.response_len} greedy) tokens; {args.threads} torch thread(s); "
+                  f"median of {args.repeats}")  # fmt: skip
+            per_checkpoint(client, target, load_checkpoint(paths[-1], client.model()), ids, tmp, args)
+            sweep(url, paths, ids, tmp, args)
     print()
-    rows = [
-        ("batched (cached taps)", t_batched, f"{batched.forwards / t_batched:8.0f} anchors/s"),
-        ("round-by-round (cached taps)", t_rounds, f"{rounds.forwards / t_rounds:8.0f} rounds/s"),
-        (
-            f"no cache (target {t_target:.2f} s + batched)",
-            t_uncached,
-            f"{uncached.forwards / t_uncached:8.0f} anchors/s",
-        ),
-    ]
-    print(f"{'path':<38} {'wall s':>8} {'prompts/s':>10}  drafter forwards")
-    for name, seconds, rate in rows:
-        print(f"{name:<38} {seconds:8.3f} {n / seconds:10.2f}  {rate}")
-    print()
-    print(
-        f"round-by-round / batched: {t_rounds / t_batched:6.2f}x  ({rounds.forwards} one-round forwards, "
-        f"{batched.forwards} anchors in chunks of {args.chunk_size})"
-    )
-    print(f"no cache / batched:       {t_uncached / t_batched:6.2f}x")
-    print_flop_ratios(target.config, args, t_target, t_batched)
+    print(published_table())
 
 
 if __name__ == "__main__":

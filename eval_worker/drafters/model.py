@@ -4,7 +4,7 @@ A non-causal Qwen3-style stack. A block `[t[s], MASK, ...]` of B tokens attends 
 the context `hidden_norm(fc(taps))` of positions < s; the drafter borrows the target's
 `embed_tokens` and `lm_head`, passed in. The context never changes while drafting, so its keys and
 values are computed once per sequence (`context_kv`) and any number of blocks, of one sequence or
-of several laid back to back (`concat_kv`), are drafted against them in one `forward`. `forward`
+of several stacked (`stack_kv`), are drafted against them in one `forward`. `forward`
 stops before `lm_head`, so callers project only the positions they need.
 """
 
@@ -82,7 +82,8 @@ class Attention(nn.Module):
         return apply_rope(k, cos, sin), self.v_proj(ctx).view(t, nkv, d).transpose(0, 1)
 
     def forward(self, h: Tensor, cos: Tensor, sin: Tensor, kc: Tensor, vc: Tensor, ctx_bias: Tensor) -> Tensor:
-        """h [m, B, H] (normed block states), cos/sin [m, 1, B, D], context kc/vc [nkv, C, D] and
+        """h [m, B, H] (normed block states), cos/sin [m, 1, B, D], context kc/vc [nkv, C, D] (or one
+        context per block, [m, nkv, C, D]) and
         ctx_bias [m, 1, 1, C] (-inf where a block may not see the context) -> [m, B, H]."""
         m, b, _ = h.shape
         nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -92,7 +93,7 @@ class Attention(nn.Module):
         vb = self.v_proj(h).view(m, b, nkv, d).transpose(1, 2)
         q, kb = apply_rope(q, cos, sin), apply_rope(kb, cos, sin)
         q = q.reshape(m, nkv, g * b, d)  # query head j*g+r uses kv head j (HF repeat_kv order)
-        c = kc.shape[1]
+        c = kc.shape[-2]
         scores_ctx = (q @ kc.transpose(-1, -2)) * d**-0.5 + ctx_bias  # [m, nkv, g*B, C]
         scores_blk = (q @ kb.transpose(-1, -2)) * d**-0.5  # [m, nkv, g*B, B]
         probs = torch.softmax(torch.cat([scores_ctx, scores_blk], dim=-1), dim=-1, dtype=torch.float32)
@@ -156,36 +157,41 @@ class DFlashDrafter(nn.Module):
         return ContextKV([k for k, _ in pairs], [v for _, v in pairs])
 
     def forward(
-        self, block_ids: Tensor, anchors: Tensor, kv: ContextKV, embed_tokens: Tensor, ctx_offsets: Tensor | None = None
+        self, block_ids: Tensor, anchors: Tensor, kv: ContextKV, embed_tokens: Tensor, ctx_index: Tensor | None = None
     ) -> Tensor:
         """block_ids [m, B] placed at positions anchors[i] + 0..B-1, each seeing the context positions
         < anchors[i] -> the final normed states [m, B-1, H] of positions 1..B-1 (differentiable).
 
-        `kv` may hold several sequences' contexts back to back; block i then sees the rows
-        ctx_offsets[i] .. ctx_offsets[i] + anchors[i] - 1 (offsets default to 0: one sequence)."""
+        `kv` is one sequence's context ([nkv, T, D] per layer), or with `ctx_index` [m] several
+        sequences' stacked by `stack_kv` ([P, nkv, T, D]), block i reading sequence ctx_index[i]."""
         m, b = block_ids.shape
-        offsets = torch.zeros_like(anchors) if ctx_offsets is None else ctx_offsets
-        c = int((offsets + anchors).max()) if m else 0  # context rows any block may see
+        c = int(anchors.max()) if m else 0  # context positions any block may see
         x = F.embedding(block_ids, embed_tokens)  # [m, B, H]
         positions = anchors[:, None] + torch.arange(b, device=anchors.device)  # [m, B]
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)  # [m, B, D]
         cos, sin = cos[:, None], sin[:, None]  # [m, 1, B, D]
-        rows = torch.arange(c, device=anchors.device)[None, :]  # [1, C]
-        visible = (rows >= offsets[:, None]) & (rows < (offsets + anchors)[:, None])  # [m, C]
+        visible = torch.arange(c, device=anchors.device)[None, :] < anchors[:, None]  # [m, C]
         ctx_bias = torch.zeros(m, 1, 1, c, dtype=x.dtype, device=x.device)
         ctx_bias = ctx_bias.masked_fill(~visible[:, None, None, :], float("-inf"))  # [m, 1, 1, C]
         for i, layer in enumerate(self.blocks()):
-            x = layer(x, cos, sin, kv.keys[i][:, :c], kv.values[i][:, :c], ctx_bias)
+            kc, vc = kv.keys[i][..., :c, :], kv.values[i][..., :c, :]  # [nkv, C, D] or [P, nkv, C, D]
+            if ctx_index is not None:
+                kc, vc = kc[ctx_index], vc[ctx_index]  # [m, nkv, C, D]: each block its own sequence
+            x = layer(x, cos, sin, kc, vc, ctx_bias)
         return self.norm(x)[:, 1:]  # [m, B-1, H]
 
 
-def concat_kv(parts: list[ContextKV]) -> ContextKV:
-    """Several sequences' contexts back to back along the position axis (see `forward`'s offsets)."""
+def stack_kv(parts: list[ContextKV]) -> ContextKV:
+    """Several sequences' contexts stacked ([P, nkv, T_max, D] per layer, zero-padded past each one's
+    end, which no block sees); `forward` picks each block's sequence with `ctx_index`."""
+    longest = max(p.keys[0].shape[1] for p in parts)
+
+    def stacked(tensors: list[Tensor]) -> Tensor:
+        return torch.stack([F.pad(t, (0, 0, 0, longest - t.shape[1])) for t in tensors])
+
     layers = range(len(parts[0].keys))
-    return ContextKV(
-        [torch.cat([p.keys[i] for p in parts], dim=1) for i in layers],
-        [torch.cat([p.values[i] for p in parts], dim=1) for i in layers],
-    )
+    return ContextKV([stacked([p.keys[i] for p in parts]) for i in layers],
+                     [stacked([p.values[i] for p in parts]) for i in layers])  # fmt: skip
 
 
 def draft_block(

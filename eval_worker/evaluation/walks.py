@@ -3,8 +3,8 @@
 
 Every prompt has one walk per way of drafting: the greedy chain and DDTree-b for each budget b. A
 walk at anchor s needs one drafted block; it accepts a tokens and moves to s + a + 1. Wave r drafts
-round r of every active walk of a group of prompts at once (one drafter forward over their contexts
-laid back to back); walks that stand on the same anchor share its block. Offline the reference
+round r of every active walk of a group of prompts at once (one drafter forward, each block reading
+its own prompt's context); walks that stand on the same anchor share its block. Offline the reference
 tokens are known, so:
 - the chain projects position j only for blocks whose drafts matched at positions < j;
 - DDTree-b projects positions 1..min(b, B-1): a tree of b nodes is never deeper than b.
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from eval_worker.drafters.model import ContextKV, DFlashDrafter, concat_kv
+from eval_worker.drafters.model import ContextKV, DFlashDrafter, stack_kv
 from eval_worker.scoring.ddtree import accepted_nodes, build_tree
 
 CHAIN = 0  # the walk key of the chain; DDTree walks are keyed by their budget (>= 1)
@@ -102,11 +102,8 @@ def walk_prompts(
     `top_k` is how many candidates per position trees choose from (>= max(tree_budgets))."""
     block = drafter.cfg.block_size
     started = time.perf_counter()
-    kv = concat_kv([drafter.context_kv(p.taps) for p in prompts])
+    kv = stack_kv([drafter.context_kv(p.taps) for p in prompts])
     cost.draft_s += time.perf_counter() - started
-    starts = [0]
-    for p in prompts[:-1]:
-        starts.append(starts[-1] + len(p.token_ids))
     walks = [_Walk(i, b, p.prompt_len) for i, p in enumerate(prompts) for b in (CHAIN, *tree_budgets)]
     drafted: dict[tuple[int, int], _Drafted] = {}  # (prompt, anchor) -> what its block drafted
     while True:
@@ -127,7 +124,7 @@ def walk_prompts(
         started = time.perf_counter()
         for lo in range(0, len(keys), max_blocks):
             chunk = keys[lo : lo + max_blocks]
-            drafted |= _draft(drafter, kv, starts, prompts, chunk, todo, embed_tokens, lm_head, top_k, cost)
+            drafted |= _draft(drafter, kv, prompts, chunk, todo, embed_tokens, lm_head, top_k, cost)
         cost.draft_s += time.perf_counter() - started
         started = time.perf_counter()
         for w in active:
@@ -160,7 +157,6 @@ def _decided(known: _Drafted, budget: int, reference: Sequence[int], block: int)
 def _draft(
     drafter: DFlashDrafter,
     kv: ContextKV,
-    starts: list[int],
     prompts: Sequence[PromptFeatures],
     keys: list[tuple[int, int]],
     todo: dict[tuple[int, int], set[int]],
@@ -176,8 +172,8 @@ def _draft(
         [[prompts[p].token_ids[s]] + [cfg.mask_token_id] * (b - 1) for p, s in keys], device=device
     )  # [m, B]
     anchors = torch.tensor([s for _, s in keys], device=device)
-    offsets = torch.tensor([starts[p] for p, _ in keys], device=device)
-    h = drafter(block_ids, anchors, kv, embed_tokens, offsets)  # [m, B-1, H]
+    which = torch.tensor([p for p, _ in keys], device=device)
+    h = drafter(block_ids, anchors, kv, embed_tokens, which)  # [m, B-1, H]
     cost.drafted_blocks += len(keys)
     out = [_Drafted() for _ in keys]
 
