@@ -9,7 +9,7 @@ tokens are known, so:
 - the chain projects position j only for blocks whose drafts matched at positions < j;
 - DDTree-b projects positions 1..min(b, B-1): a tree of b nodes is never deeper than b.
 
-The per-round taus equal those of drafting every anchor (`drafters.batched.draft_anchors`) and then
+The per-round taus equal those of drafting every anchor (the reference in `tests/support/all_anchor.py`) and then
 walking: the same blocks, read at the positions the walk reads.
 """
 

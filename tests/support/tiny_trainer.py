@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eval_worker.drafters.batched import block_logits
 from eval_worker.drafters.config import DrafterConfig
 from eval_worker.drafters.model import DFlashDrafter
+from tests.support.all_anchor import block_logits
 from tests.support.taps import greedy_continuation, target_forward
 
 
