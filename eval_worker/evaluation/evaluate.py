@@ -42,7 +42,7 @@ class EvalOptions:
     tree_budgets: tuple[int, ...] = ()
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
-    group_tokens: int = 16384  # prompt tokens whose walks are drafted together (their contexts side by side)
+    group_tokens: int = 8192  # prompt tokens whose walks are drafted together (each block reads its own context)
     max_blocks: int = 64  # blocks per drafter forward
     progress: bool = True
 

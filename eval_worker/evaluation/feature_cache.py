@@ -21,7 +21,7 @@ import torch
 from eval_worker.evaluation.source import FeatureSource
 from schemas.hidden import HiddenMetadata
 
-_AHEAD = 4  # prompts fetched ahead of the one being evaluated
+_AHEAD = 8  # prompts fetched ahead of the one being evaluated (about the next group of long prompts)
 
 
 @dataclass(frozen=True)
