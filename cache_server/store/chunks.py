@@ -159,7 +159,36 @@ def blosc_chunks(arr: zarr.Array[Any], array_dir: Path) -> BloscChunks | None:
 
 
 # Blosc 1 header: version, versionlz, flags, typesize (1 byte each), then uint32 LE nbytes, blocksize, cbytes.
-_BLOSC_HEADER = struct.Struct("<4xIII")
+# Unless the chunk is stored uncompressed (MEMCPYED), an int32 offset per block follows, then the blocks,
+# each compressed on its own: a row range needs only the blocks that hold it.
+_BLOSC_HEADER = struct.Struct("<BBBBIII")
+_MEMCPYED = 0x02
+
+
+def _blocks_holding(src: memoryview, lo: int, hi: int, into: np.ndarray) -> tuple[memoryview, int]:
+    """A Blosc 1 chunk written into `into` holding only the blocks of `src` that cover its decoded bytes
+    [lo, hi), and the offset of byte `lo` in what it decodes to. ValueError on a damaged block table."""
+    version, versionlz, flags, typesize, nbytes, blocksize, cbytes = _BLOSC_HEADER.unpack_from(src)
+    nblocks = -(-nbytes // blocksize)
+    starts = struct.unpack_from(f"<{nblocks}i", src, _BLOSC_HEADER.size)
+    ends = (*starts[1:], cbytes)
+    first, last = lo // blocksize, (hi - 1) // blocksize
+    table = _BLOSC_HEADER.size + 4 * nblocks
+    if any(not table <= a <= b <= cbytes for a, b in zip(starts, ends, strict=True)):
+        raise ValueError("the chunk's block table is damaged")
+    count = last - first + 1
+    offset = _BLOSC_HEADER.size + 4 * count
+    out = memoryview(into.data)
+    new_starts = []
+    for k in range(first, last + 1):
+        size = ends[k] - starts[k]
+        out[offset : offset + size] = src[starts[k] : ends[k]]
+        new_starts.append(offset)
+        offset += size
+    sub_nbytes = min(nbytes, (last + 1) * blocksize) - first * blocksize
+    _BLOSC_HEADER.pack_into(out, 0, version, versionlz, flags, typesize, sub_nbytes, blocksize, offset)
+    struct.pack_into(f"<{count}i", out, _BLOSC_HEADER.size, *new_starts)
+    return out[:offset], lo - first * blocksize
 
 
 class ChunkReader:
@@ -190,7 +219,7 @@ class ChunkReader:
         src = self._read_file(chunk_file(chunks.array_dir, chunk), chunk)
         if len(src) < _BLOSC_HEADER.size:
             raise ValueError(f"chunk {chunk} is truncated to {len(src)} bytes")
-        decoded, _blocksize, cbytes = _BLOSC_HEADER.unpack_from(src)
+        _, _, flags, _, decoded, blocksize, cbytes = _BLOSC_HEADER.unpack_from(src)
         # Blosc trusts the header's cbytes: a truncated file must be caught before it decodes.
         if cbytes != len(src) or decoded != nbytes:
             raise ValueError(
@@ -199,14 +228,30 @@ class ChunkReader:
             )
         # zarr sets numcodecs.blosc.use_threads = False on import, so each call decodes with its own
         # context and no global lock: the store's threads decode chunks in parallel.
+        row_bytes = chunks.width * chunks.dtype.itemsize
+        part = (lo * row_bytes) // blocksize > 0 or -(-hi * row_bytes // blocksize) < -(-nbytes // blocksize)
+        if flags & _MEMCPYED:  # stored as is: no decoding at all
+            raw = np.frombuffer(src, np.uint8, hi * row_bytes - lo * row_bytes, _BLOSC_HEADER.size + lo * row_bytes)
+            out[...] = raw.view(chunks.dtype).reshape(hi - lo, chunks.width)
+            return
+        if part:  # only the blocks holding rows lo:hi, not the whole chunk
+            src, skip = _blocks_holding(src, lo * row_bytes, hi * row_bytes, self._buffer("blocks", len(src)))
+            decoded_rows = self._buffer("scratch", _BLOSC_HEADER.unpack_from(src)[4])
+            self._decode(src, decoded_rows, chunk)
+            out[...] = decoded_rows[skip : skip + (hi - lo) * row_bytes].view(chunks.dtype).reshape(hi - lo, -1)
+            return
         whole = lo == 0 and hi == chunks.chunk_rows and out.dtype == chunks.dtype and out.flags.c_contiguous
         dest = out if whole else self._buffer("scratch", nbytes).view(chunks.dtype)
+        self._decode(src, dest, chunk)
+        if not whole:
+            out[...] = dest.reshape(chunks.chunk_rows, chunks.width)[lo:hi]
+
+    @staticmethod
+    def _decode(src: memoryview, dest: np.ndarray, chunk: int) -> None:
         try:
             blosc.decompress(src, dest)
         except RuntimeError as e:
             raise ValueError(f"chunk {chunk} does not decode: {e}") from e
-        if not whole:
-            out[...] = dest.reshape(chunks.chunk_rows, chunks.width)[lo:hi]
 
     def _read_file(self, path: Path, chunk: int) -> memoryview:
         try:

@@ -361,3 +361,40 @@ def test_damaged_chunk_is_corruption_not_garbage(open_store: OpenStore, small_ch
     for layers in ([1], [0, 1]):
         with pytest.raises(StoreCorrupt, match=r"layer 1: chunk 1 (is damaged|is truncated|does not decode)"):
             read(store, "p1", layers, 10, 20)
+
+
+@pytest.mark.parametrize("kind", ["activations", "incompressible"])
+def test_a_row_range_decodes_only_its_blocks_and_reads_exactly(tmp_path: Path, kind: str) -> None:
+    """Chunks of 4 Blosc blocks (1024 rows x 2048 bf16 = 4 MiB): any range reads back exactly, from the
+    blocks that hold it; incompressible data is stored as is (MEMCPYED) and sliced."""
+    rows, width = 1500, 2048  # two chunks, the second padded
+    rng = np.random.default_rng(0)
+    if kind == "activations":
+        data = as_numpy(torch.from_numpy(rng.standard_normal((rows, width), np.float32)).to(torch.bfloat16))
+        data = data.view(np.uint16)
+    else:
+        data = rng.integers(0, 1 << 16, (rows, width), dtype=np.uint16)
+    arrays.write_array(tmp_path / "a", data, compress=True)
+    layout = arrays.blosc_chunks(arrays.open_array(tmp_path / "a"), tmp_path / "a")
+    assert layout is not None
+    reader = arrays.ChunkReader()
+    for start, stop in [(0, 1), (5, 133), (500, 530), (1000, 1100), (1023, 1025), (1490, 1500), (0, 1500)]:
+        out = np.empty((stop - start, width), np.uint16)
+        for c, lo, hi, at in layout.pieces(start, stop):
+            reader.read(layout, c, lo, hi, out[at : at + hi - lo])
+        assert np.array_equal(out, data[start:stop]), (kind, start, stop)
+    flags = arrays.chunk_file(tmp_path / "a", 0).read_bytes()[2]
+    assert bool(flags & 0x02) == (kind == "incompressible")
+
+
+def test_a_damaged_block_table_is_an_error_not_garbage(tmp_path: Path) -> None:
+    data = as_numpy(torch.randn(1024, 2048).to(torch.bfloat16)).view(np.uint16)
+    arrays.write_array(tmp_path / "a", data, compress=True)
+    path = arrays.chunk_file(tmp_path / "a", 0)
+    raw = bytearray(path.read_bytes())
+    raw[16:20] = (10**9).to_bytes(4, "little")  # the first block's offset points past the chunk
+    path.write_bytes(bytes(raw))
+    layout = arrays.blosc_chunks(arrays.open_array(tmp_path / "a"), tmp_path / "a")
+    assert layout is not None
+    with pytest.raises(ValueError, match="block table"):
+        arrays.ChunkReader().read(layout, 0, 0, 10, np.empty((10, 2048), np.uint16))

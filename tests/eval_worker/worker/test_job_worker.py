@@ -62,6 +62,14 @@ def _worker(url: str, name: str, tmp: Path) -> Iterator[subprocess.Popen[bytes]]
         proc.wait()
 
 
+def _four_layer_checkpoint(checkpoints: Path, name: str) -> None:
+    """`bad/<name>`: step_0 with a 4-layer config for its 3-tap fc, which the loader refuses."""
+    (checkpoints / "bad").mkdir(exist_ok=True)
+    state = torch.load(checkpoints / "step_0.pt", weights_only=True)
+    state["config"]["dflash_config"]["target_layer_ids"] = [1, 2, 3, 4]
+    torch.save(state, checkpoints / "bad" / name)
+
+
 def _until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -121,11 +129,7 @@ def test_many_workers_many_jobs_across_a_server_restart(tiny_target: Path, check
 def test_a_refused_checkpoint_fails_at_once_without_retries(
     tiny_target: Path, checkpoints: Path, tmp_path: Path
 ) -> None:
-    bad = checkpoints / "bad"
-    bad.mkdir(exist_ok=True)
-    state = torch.load(checkpoints / "step_0.pt", weights_only=True)
-    state["config"]["dflash_config"]["target_layer_ids"] = [1, 2, 3, 4]  # a 4-layer config for a 3-tap fc
-    torch.save(state, bad / "four_layers.pt")
+    _four_layer_checkpoint(checkpoints, "four_layers.pt")
     with running_server(tiny_target, tmp_path / "store", "--checkpoint-root", str(checkpoints)) as url:
         _register(url)
         with CacheClient(url) as client:
@@ -142,11 +146,7 @@ def test_a_refused_checkpoint_fails_at_once_without_retries(
 def test_a_batch_of_jobs_shares_one_pass_and_each_gets_its_own_outcome(
     tiny_target: Path, checkpoints: Path, tmp_path: Path
 ) -> None:
-    bad = checkpoints / "bad"
-    bad.mkdir(exist_ok=True)
-    state = torch.load(checkpoints / "step_0.pt", weights_only=True)
-    state["config"]["dflash_config"]["target_layer_ids"] = [1, 2, 3, 4]
-    torch.save(state, bad / "four_layers_batch.pt")
+    _four_layer_checkpoint(checkpoints, "four_layers_batch.pt")
     with running_server(tiny_target, tmp_path / "store", "--checkpoint-root", str(checkpoints)) as url:
         ids = _register(url)
         with CacheClient(url) as client:
