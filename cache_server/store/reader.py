@@ -17,15 +17,15 @@ from typing import Any
 import numpy as np
 import zarr
 
-from cache_server.store import chunks
+from cache_server.store import blosc_reader, chunks
 from cache_server.store.manifest import PromptManifest, StoreCorrupt
 
 _OPEN_ARRAYS = 1024  # opened zarr arrays kept (LRU)
 # Errors zarr/numcodecs raise on a missing or damaged array file.
 READ_ERRORS = (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarrError)
 # An opened layer array and, when it is laid out as `chunks.write_array` writes it, its chunks for
-# `chunks.ChunkReader` (faster than zarr; None: read through zarr).
-_Layer = tuple[zarr.Array[Any], chunks.BloscChunks | None]
+# `blosc_reader.ChunkReader` (faster than zarr; None: read through zarr).
+_Layer = tuple[zarr.Array[Any], blosc_reader.BloscChunks | None]
 
 
 class LayerReader:
@@ -37,7 +37,7 @@ class LayerReader:
         self._storage_dtype = storage_dtype
         self._arrays: OrderedDict[tuple[str, int], _Layer] = OrderedDict()
         self._guard = threading.Lock()
-        self._chunk_reader = chunks.ChunkReader()  # per-thread buffers: used only from self._pool
+        self._chunk_reader = blosc_reader.ChunkReader()  # per-thread buffers: used only from self._pool
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hidden-store")
 
     def close(self) -> None:
@@ -88,7 +88,7 @@ class LayerReader:
                     f"prompt {prompt_id!r} layer {layer}: array {arr.dtype} {arr.shape} does not match "
                     f"the manifest ({m.num_tokens}, {self._hidden_size})"
                 )
-            found = (arr, chunks.blosc_chunks(arr, self._layer_dir(prompt_id, layer)))
+            found = (arr, blosc_reader.blosc_chunks(arr, self._layer_dir(prompt_id, layer)))
             with self._guard:
                 self._arrays[key] = found
                 if len(self._arrays) > _OPEN_ARRAYS:

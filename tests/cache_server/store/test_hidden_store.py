@@ -14,6 +14,7 @@ import zarr
 from zarr.codecs import BloscCodec
 from zarr.storage import LocalStore
 
+from cache_server.store import blosc_reader
 from cache_server.store import chunks as arrays
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import (
@@ -285,7 +286,7 @@ def test_one_store_per_namespace(open_store: OpenStore) -> None:
     open_store()
 
 
-# -- the direct chunk reader (arrays.ChunkReader) against zarr ------------------------------------
+# -- the direct chunk reader (blosc_reader.ChunkReader) against zarr ------------------------------------
 
 RANGES = [(0, T), (0, 1), (15, 17), (16, 32), (5, 39), (39, 40), (31, 33)]
 
@@ -302,13 +303,13 @@ def test_direct_chunk_reads_match_zarr(
     layers = {k: make_layer(k, dtype) for k in (1, 3, 5)}
     store.write("p1", TOKENS, 10, layers)
     arr = arrays.open_array(layer_dir(store, "p1", 1))
-    chunks = arrays.blosc_chunks(arr, layer_dir(store, "p1", 1))
+    chunks = blosc_reader.blosc_chunks(arr, layer_dir(store, "p1", 1))
     assert chunks is not None and chunks.chunk_rows == 16  # the direct path is the one under test
     # One layer decodes full chunks straight into `out`; several go through a scratch into column slices.
     requests = [[5, 1, 3], [3], [1, 1]]
     direct = {(tuple(ks), r): read(store, "p1", ks, *r) for ks in requests for r in RANGES}
     store.close()
-    monkeypatch.setattr(arrays, "blosc_chunks", lambda arr, array_dir: None)
+    monkeypatch.setattr(blosc_reader, "blosc_chunks", lambda arr, array_dir: None)
     via_zarr = open_store(dtype=dtype)
     for (ks, (start, stop)), got in direct.items():
         want = torch.cat([layers[k][start:stop] for k in ks], dim=1)
@@ -320,8 +321,8 @@ def test_other_array_layouts_are_read_through_zarr(open_store: OpenStore, small_
     data = make_layer(0, torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     arrays.write_array(tmp_path / "ours", data, compress=True)
     arrays.write_array(tmp_path / "raw", data, compress=False)
-    assert arrays.blosc_chunks(arrays.open_array(tmp_path / "ours"), tmp_path / "ours") is not None
-    assert arrays.blosc_chunks(arrays.open_array(tmp_path / "raw"), tmp_path / "raw") is None
+    assert blosc_reader.blosc_chunks(arrays.open_array(tmp_path / "ours"), tmp_path / "ours") is not None
+    assert blosc_reader.blosc_chunks(arrays.open_array(tmp_path / "raw"), tmp_path / "raw") is None
     # A layer someone rewrote with another codec and chunk key encoding still reads back exactly.
     store = open_store()
     layers = {k: make_layer(k, torch.bfloat16) for k in (0, 1)}
@@ -336,7 +337,7 @@ def test_other_array_layouts_are_read_through_zarr(open_store: OpenStore, small_
         chunk_key_encoding={"name": "default", "separator": "."},
         zarr_format=3,
     )
-    assert arrays.blosc_chunks(arrays.open_array(other), other) is None
+    assert blosc_reader.blosc_chunks(arrays.open_array(other), other) is None
     for start, stop in RANGES:
         want = torch.cat([layers[k][start:stop] for k in (1, 0)], dim=1)
         assert torch.equal(bits(read(store, "p1", [1, 0], start, stop)), bits(want)), (start, stop)
@@ -375,9 +376,9 @@ def test_a_row_range_decodes_only_its_blocks_and_reads_exactly(tmp_path: Path, k
     else:
         data = rng.integers(0, 1 << 16, (rows, width), dtype=np.uint16)
     arrays.write_array(tmp_path / "a", data, compress=True)
-    layout = arrays.blosc_chunks(arrays.open_array(tmp_path / "a"), tmp_path / "a")
+    layout = blosc_reader.blosc_chunks(arrays.open_array(tmp_path / "a"), tmp_path / "a")
     assert layout is not None
-    reader = arrays.ChunkReader()
+    reader = blosc_reader.ChunkReader()
     for start, stop in [(0, 1), (5, 133), (500, 530), (1000, 1100), (1023, 1025), (1490, 1500), (0, 1500)]:
         out = np.empty((stop - start, width), np.uint16)
         for c, lo, hi, at in layout.pieces(start, stop):
@@ -394,7 +395,7 @@ def test_a_damaged_block_table_is_an_error_not_garbage(tmp_path: Path) -> None:
     raw = bytearray(path.read_bytes())
     raw[16:20] = (10**9).to_bytes(4, "little")  # the first block's offset points past the chunk
     path.write_bytes(bytes(raw))
-    layout = arrays.blosc_chunks(arrays.open_array(tmp_path / "a"), tmp_path / "a")
+    layout = blosc_reader.blosc_chunks(arrays.open_array(tmp_path / "a"), tmp_path / "a")
     assert layout is not None
     with pytest.raises(ValueError, match="block table"):
-        arrays.ChunkReader().read(layout, 0, 0, 10, np.empty((10, 2048), np.uint16))
+        blosc_reader.ChunkReader().read(layout, 0, 0, 10, np.empty((10, 2048), np.uint16))
