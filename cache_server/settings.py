@@ -40,6 +40,9 @@ class ServeSettings(BaseSettings):
     batch_tokens: int = Field(default=8192, ge=1, description="tokens per batched target forward")
     wait_s: float = Field(default=30.0, gt=0, description="how long GET /hidden waits for a pending prompt")
     read_threads: int = Field(default=4, ge=1, description="threads decoding stored chunks")
+    ram_cache_gb: float = Field(
+        default=0.0, ge=0, description="decoded layers kept in RAM so that repeated requests decode nothing (0: off)"
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error")
     checkpoint_root: Path | None = Field(
         default=None, description="directory whose checkpoints POST /jobs may evaluate (default: jobs refused)"

@@ -17,6 +17,7 @@ from cache_server.compute.service import HiddenStateService
 from cache_server.jobs.queue import JobStore
 from cache_server.settings import ServeSettings
 from cache_server.store.hidden_store import HiddenStore
+from cache_server.store.ram_cache import RamCache
 
 JOBS_FILE = "jobs.sqlite"
 DESCRIPTION = (
@@ -30,6 +31,10 @@ DESCRIPTION = (
 def build_service(settings: ServeSettings) -> HiddenStateService:
     """Load the target and open its store namespace."""
     target = Target(settings.model, device=settings.device, dtype=settings.dtype)
+    metrics = Metrics()
+    ram = RamCache(int(settings.ram_cache_gb * 2**30)) if settings.ram_cache_gb > 0 else None
+    if ram is not None:
+        metrics.watch_ram_cache(ram)
     store = HiddenStore(
         settings.store,
         fingerprint=target.info.fingerprint,
@@ -37,12 +42,13 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
         hidden_size=target.info.hidden_size,
         dtype=target.info.dtype,
         read_threads=settings.read_threads,
+        ram_cache=ram,
     )
     return HiddenStateService(
         target,
         store,
         capture_layers=settings.capture_layer_ids(target.info.num_layers),
-        metrics=Metrics(),
+        metrics=metrics,
         batch_tokens=settings.batch_tokens,
         wait_s=settings.wait_s,
     )

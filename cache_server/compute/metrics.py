@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cache_server.store.ram_cache import RamCache
 
 
 class Metrics:
@@ -30,6 +36,25 @@ class Metrics:
             registry=self.registry,
         )
 
+    def watch_ram_cache(self, cache: RamCache) -> None:
+        """Report the RAM cache's size and hits with every scrape."""
+        self.registry.register(_RamCacheCollector(cache))
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class _RamCacheCollector(Collector):
+    def __init__(self, cache: RamCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        c = self.cache
+        yield GaugeMetricFamily("cache_server_ram_cache_bytes", "Bytes of decoded layers held in RAM.", value=c.nbytes)
+        yield GaugeMetricFamily("cache_server_ram_cache_layers", "Decoded layers held in RAM.", value=len(c))
+        yield GaugeMetricFamily(
+            "cache_server_ram_cache_capacity_bytes", "The RAM cache's bound (--ram-cache-gb).", value=c.capacity_bytes
+        )
+        yield CounterMetricFamily("cache_server_ram_cache_hits", "Layers served from RAM.", value=c.hits)
+        yield CounterMetricFamily("cache_server_ram_cache_misses", "Layers decoded from the store.", value=c.misses)

@@ -11,7 +11,6 @@ the codec and chunk reads in `chunks.py`.
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import threading
 import uuid
@@ -24,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import ValidationError
 
 from cache_server.store import chunks, publish
 from cache_server.store.manifest import (
@@ -33,17 +31,19 @@ from cache_server.store.manifest import (
     PromptNotStored,
     StoreCorrupt,
     StoreInputError,
+    check_name,
+    layer_id,
+    parse_manifest,
     token_sha256,
 )
-from cache_server.store.reader import READ_ERRORS, LayerReader
+from cache_server.store.ram_cache import RamCache
+from cache_server.store.reader import READ_ERRORS, LayerRead, LayerReader
 from cache_server.store.recovery import MANIFEST, lock_namespace, sweep_interrupted_writes
 from cache_server.torch_utils import as_numpy, dtype_name
 from schemas.dtypes import DTYPE_NAMES
 from schemas.safetensors_frame import numpy_dtype
 
 log = logging.getLogger(__name__)
-
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 class HiddenStore:
@@ -64,9 +64,9 @@ class HiddenStore:
         hidden_size: int,
         dtype: torch.dtype,
         read_threads: int = 4,
+        ram_cache: RamCache | None = None,
     ) -> None:
-        if not _SAFE_NAME.fullmatch(fingerprint):
-            raise StoreInputError(f"fingerprint {fingerprint!r} is not a safe directory name")
+        check_name(fingerprint, "fingerprint")
         if dtype_name(dtype) not in DTYPE_NAMES:
             raise StoreInputError(f"dtype {dtype} not supported ({', '.join(DTYPE_NAMES)})")
         if hidden_size < 1 or read_threads < 1:
@@ -85,6 +85,7 @@ class HiddenStore:
         self._manifests: dict[str, PromptManifest] = {}
         self._guard = threading.Lock()
         self._prompt_locks: dict[str, threading.Lock] = {}
+        self._ram = ram_cache
         self._reader = LayerReader(
             self._prompts, hidden_size=hidden_size, storage_dtype=self._storage_dtype, threads=read_threads
         )
@@ -119,7 +120,7 @@ class HiddenStore:
 
     def manifest(self, prompt_id: str) -> PromptManifest | None:
         """The published manifest, or None (unknown id, or an unfinished write)."""
-        _check_name(prompt_id, "prompt id")
+        check_name(prompt_id, "prompt id")
         with self._guard:
             cached = self._manifests.get(prompt_id)
         if cached is not None:
@@ -129,7 +130,7 @@ class HiddenStore:
             text = path.read_text()
         except FileNotFoundError:
             return None
-        loaded = self._parse_manifest(prompt_id, text)
+        loaded = parse_manifest(text, prompt_id, (self.fingerprint, self._dtype_name, self.hidden_size))
         with self._guard:
             self._manifests[prompt_id] = loaded
         return loaded
@@ -156,9 +157,9 @@ class HiddenStore:
     ) -> PromptManifest:
         """Publish `layers` ({k: [T, H] CPU tensor}); on a published prompt, add the ones it lacks
         (its manifest keeps the first write's `greedy_mismatches`)."""
-        _check_name(prompt_id, "prompt id")
+        check_name(prompt_id, "prompt id")
         ids = publish.check_tokens(token_ids, prompt_len)
-        data = {_layer_id(k): self._check_layer(k, t, len(ids)) for k, t in layers.items()}
+        data = {layer_id(k): self._check_layer(k, t, len(ids)) for k, t in layers.items()}
         data = dict(sorted(data.items()))
         if not data:
             raise StoreInputError("write needs at least one layer")
@@ -192,7 +193,8 @@ class HiddenStore:
         """Fill `out[:, i*H:(i+1)*H]` with rows start:stop of layer `layers[i]`, in request order.
 
         `out` is `[stop - start, len(layers) * H]` of `numpy_dtype`, typically a view into a
-        response buffer (`reader.py` fills it on a thread pool).
+        response buffer (`reader.py` fills it on a thread pool). With a RAM cache, layers found there
+        are copied, and the others are decoded whole and kept.
         """
         m = self._require(prompt_id)
         missing = sorted(set(layers) - set(m.layers))
@@ -209,7 +211,25 @@ class HiddenStore:
             )
         if stop == start or not layers:
             return
-        self._reader.read(m, layers, out.view(self._storage_dtype), start, stop)
+        raw, ram = out.view(self._storage_dtype), self._ram
+        reads: list[LayerRead] = []
+        decoded: list[tuple[int, np.ndarray, np.ndarray]] = []  # (layer, whole layer, its columns in out)
+        for i, k in enumerate(layers):
+            columns = raw[:, i * h : (i + 1) * h]  # [stop - start, H]
+            if ram is None:
+                reads.append((k, columns, start, stop))
+                continue
+            cached = ram.get(self.fingerprint, prompt_id, k)
+            if cached is not None:
+                columns[...] = cached[start:stop]
+                continue
+            whole = np.empty((m.num_tokens, h), self._storage_dtype)  # decoded whole, to be kept
+            reads.append((k, whole, 0, m.num_tokens))
+            decoded.append((k, whole, columns))
+        self._reader.read(m, reads)
+        for k, whole, columns in decoded:
+            columns[...] = whole[start:stop]
+            ram.put(self.fingerprint, prompt_id, k, whole)  # type: ignore[union-attr]
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -217,19 +237,6 @@ class HiddenStore:
         m = self.manifest(prompt_id)
         if m is None:
             raise PromptNotStored(f"prompt {prompt_id!r} is not stored for model {self.fingerprint}")
-        return m
-
-    def _parse_manifest(self, prompt_id: str, text: str) -> PromptManifest:
-        try:
-            m = PromptManifest.model_validate_json(text)
-        except ValidationError as e:
-            raise StoreCorrupt(f"prompt {prompt_id!r}: manifest unreadable: {e}") from e
-        expected = (prompt_id, self.fingerprint, self._dtype_name, self.hidden_size)
-        if (m.prompt_id, m.model_fingerprint, m.dtype, m.hidden_size) != expected:
-            raise StoreCorrupt(
-                f"prompt {prompt_id!r}: manifest says {m.prompt_id}/{m.model_fingerprint}/{m.dtype}/"
-                f"H={m.hidden_size}, this store is {self.fingerprint}/{self._dtype_name}/H={self.hidden_size}"
-            )
         return m
 
     # -- writing --------------------------------------------------------------------------------
@@ -280,14 +287,3 @@ class HiddenStore:
             lock = self._prompt_locks.setdefault(prompt_id, threading.Lock())
         with lock:
             yield
-
-
-def _layer_id(layer: object) -> int:
-    if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or layer < 0:
-        raise StoreInputError(f"layer ids must be ints >= 0, got {layer!r}")
-    return int(layer)
-
-
-def _check_name(name: str, what: str) -> None:
-    if not _SAFE_NAME.fullmatch(name):
-        raise StoreInputError(f"{what} {name!r} must match {_SAFE_NAME.pattern}")

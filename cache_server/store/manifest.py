@@ -12,10 +12,11 @@ Errors:
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas.dtypes import DTypeName
 from schemas.layers import LAYER_CONVENTION, LayerConvention
@@ -71,3 +72,34 @@ class PromptManifest(BaseModel):
 def token_sha256(token_ids: np.ndarray) -> str:
     """sha256 of the int64 little-endian token id bytes."""
     return hashlib.sha256(np.ascontiguousarray(token_ids, dtype="<i8").tobytes()).hexdigest()
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def check_name(name: str, what: str) -> None:
+    """StoreInputError unless `name` is safe as one directory name (ids and fingerprints)."""
+    if not _SAFE_NAME.fullmatch(name):
+        raise StoreInputError(f"{what} {name!r} must match {_SAFE_NAME.pattern}")
+
+
+def layer_id(layer: object) -> int:
+    """A layer id as an int >= 0; StoreInputError for anything else (bools included)."""
+    if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or layer < 0:
+        raise StoreInputError(f"layer ids must be ints >= 0, got {layer!r}")
+    return int(layer)
+
+
+def parse_manifest(text: str, prompt_id: str, expected: tuple[str, str, int]) -> PromptManifest:
+    """A prompt's manifest, checked against the store reading it: (fingerprint, dtype, hidden size)."""
+    try:
+        m = PromptManifest.model_validate_json(text)
+    except ValidationError as e:
+        raise StoreCorrupt(f"prompt {prompt_id!r}: manifest unreadable: {e}") from e
+    fingerprint, dtype, hidden = expected
+    if (m.prompt_id, m.model_fingerprint, m.dtype, m.hidden_size) != (prompt_id, *expected):
+        raise StoreCorrupt(
+            f"prompt {prompt_id!r}: manifest says {m.prompt_id}/{m.model_fingerprint}/{m.dtype}/"
+            f"H={m.hidden_size}, this store is {fingerprint}/{dtype}/H={hidden}"
+        )
+    return m

@@ -26,6 +26,7 @@ READ_ERRORS = (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarr
 # An opened layer array and, when it is laid out as `chunks.write_array` writes it, its chunks for
 # `blosc_reader.ChunkReader` (faster than zarr; None: read through zarr).
 _Layer = tuple[zarr.Array[Any], blosc_reader.BloscChunks | None]
+LayerRead = tuple[int, np.ndarray, int, int]  # (layer id, out [stop - start, H], start, stop)
 
 
 class LayerReader:
@@ -51,15 +52,14 @@ class LayerReader:
         except READ_ERRORS as e:
             raise StoreCorrupt(f"prompt {prompt_id!r}: {rel} unreadable: {e}") from e
 
-    def read(self, m: PromptManifest, layers: Sequence[int], raw: np.ndarray, start: int, stop: int) -> None:
-        """Fill `raw[:, i*H:(i+1)*H]` (storage dtype) with rows start:stop of layer `layers[i]`.
+    def read(self, m: PromptManifest, wanted: Sequence[LayerRead]) -> None:
+        """Fill each read's `out` (storage dtype, [stop - start, H], a strided view is fine) with rows
+        start:stop of its layer.
 
-        One pool task per (layer, chunk) decodes the chunk and copies it once into its rows of the
-        layer's column slice (one task per layer read through zarr)."""
-        h = self._hidden_size
-        reads: list[tuple[int, Callable[[], None]]] = []  # (layer, one read into `raw`)
-        for i, k in enumerate(layers):
-            dst = raw[:, i * h : (i + 1) * h]  # [stop - start, H]
+        One pool task per (layer, chunk) decodes the chunk (or the blocks of it the rows need) and
+        copies it once into its rows of `out` (one task per layer read through zarr)."""
+        reads: list[tuple[int, Callable[[], None]]] = []  # (layer, one read into an `out`)
+        for k, dst, start, stop in wanted:
             arr, blosc = self._layer_array(m, k)
             if blosc is None:
                 reads.append((k, partial(chunks.read_rows, arr, self._layer_dir(m.prompt_id, k), start, stop, dst)))
@@ -67,7 +67,7 @@ class LayerReader:
             for c, lo, hi, at in blosc.pieces(start, stop):
                 reads.append((k, partial(self._chunk_reader.read, blosc, c, lo, hi, dst[at : at + hi - lo])))
         futures = [self._pool.submit(_read_guarded, m.prompt_id, k, read) for k, read in reads]
-        wait(futures)  # all of them: none may still be writing into `raw` once we return or raise
+        wait(futures)  # all of them: none may still be writing into an `out` once we return or raise
         for f in futures:
             f.result()
 

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from cache_server.capture.target import Target
 from schemas.prompts import PromptSpec
-from tests.cache_server.helpers import app_client, get_hidden, register_ready
+from tests.cache_server.helpers import app_client, get_hidden, metric, register_ready
 from tests.cache_server.reference import direct_layer_outputs
 
 PROMPT = [5, 17, 300, 42, 9, 120, 77, 3, 250, 11]
@@ -99,3 +99,15 @@ def test_greedy_agreement_of_responses_is_recorded(tiny_target: Path, tmp_path: 
         assert client.get(f"/prompts/{generated}").json()["greedy_mismatches"] == 0
         _, meta = get_hidden(client, given, "1")
     assert meta["greedy_mismatches"] == str(expected)
+
+
+def test_the_ram_cache_serves_the_same_bits(tiny_target: Path, tmp_path: Path) -> None:
+    with app_client(tiny_target, tmp_path / "store", ram_cache_gb=0.01) as client:
+        [pid] = register_ready(client, [{"token_ids": PROMPT, "response_token_ids": RESPONSE}])
+        first, _ = get_hidden(client, pid, "5,0,3")  # decoded from the store, kept
+        again, _ = get_hidden(client, pid, "3,5", start=2, stop=9)  # from RAM
+        assert metric(client, "cache_server_ram_cache_hits_total") == 3  # layer 0 (read by register_ready), 3, 5
+        assert metric(client, "cache_server_ram_cache_bytes") == 3 * len(PROMPT + RESPONSE) * 64 * 4
+    expected = direct_layer_outputs(tiny_target, PROMPT + RESPONSE)
+    assert torch.equal(first["hidden"], torch.cat([expected[k] for k in (5, 0, 3)], dim=1))
+    assert torch.equal(again["hidden"], torch.cat([expected[k][2:9] for k in (3, 5)], dim=1))
