@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -64,7 +65,8 @@ def main() -> None:
         fill(tmp / "store", model, args.prompts)
         print(f"filled the store with {args.prompts} prompts in {time.perf_counter() - t0:.1f} s")
         port = free_port()
-        cmd = ["cache-server", "serve", "--model", str(model), "--store", str(tmp / "store"), "--port", str(port),
+        cmd = [sys.executable, "-m", "cache_server.cli", "serve", "--model", str(model),
+               "--store", str(tmp / "store"), "--port", str(port),
                "--device", "cpu", "--capture-layers", "0", "--checkpoint-root", str(tmp / "runs"),
                "--log-level", "warning"]  # fmt: skip
         started = time.perf_counter()

@@ -62,8 +62,9 @@ class FramedBody:
         return memoryview(self.buffer.data)
 
 
-def frame(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> FramedBody:
-    """A body with the header written and every tensor region left for the caller to fill."""
+def frame_header(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """The bytes before the tensors (length + padded JSON header), and each tensor's [lo, hi) after them:
+    the tensors follow back to back in `specs` order."""
     header: dict[str, object] = {"__metadata__": dict(metadata)}
     offsets: dict[str, tuple[int, int]] = {}
     offset = 0
@@ -79,10 +80,16 @@ def frame(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> FramedBod
         offset += spec.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    start = 8 + len(raw)
-    buffer = np.empty(start + offset, dtype=np.uint8)  # no zero-fill: every byte is written by the caller
-    buffer[:8] = np.frombuffer(struct.pack("<Q", len(raw)), dtype=np.uint8)
-    buffer[8:start] = np.frombuffer(raw, dtype=np.uint8)
+    return struct.pack("<Q", len(raw)) + raw, offsets
+
+
+def frame(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> FramedBody:
+    """A body with the header written and every tensor region left for the caller to fill."""
+    head, offsets = frame_header(specs, metadata)
+    start = len(head)
+    total = start + max((hi for _, hi in offsets.values()), default=0)
+    buffer = np.empty(total, dtype=np.uint8)  # no zero-fill: every byte is written by the caller
+    buffer[:start] = np.frombuffer(head, dtype=np.uint8)
     regions = {name: buffer[start + lo : start + hi] for name, (lo, hi) in offsets.items()}
     return FramedBody(buffer=buffer, regions=regions)
 

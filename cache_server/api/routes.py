@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from cache_server.api.auth import WriteAccess
@@ -92,8 +93,8 @@ async def hidden(
     ids = service.layer_ids(layers)
     manifest = await service.ensure(prompt_id, ids)
     lo, hi = token_range(manifest, start, stop)
-    body = await run_in_threadpool(service.hidden_body, manifest, ids, lo, hi)
-    return Response(content=body.as_memoryview(), media_type=SAFETENSORS)
+    stream = await service.hidden_stream(manifest, ids, lo, hi)  # sent block by block as blocks decode
+    return StreamingResponse(stream.pieces, media_type=SAFETENSORS, headers={"Content-Length": str(stream.nbytes)})
 
 
 @router.get(

@@ -27,12 +27,9 @@ def token_range(manifest: PromptManifest, start: int | None, stop: int | None) -
     return lo, hi
 
 
-def hidden_body(
-    store: HiddenStore, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int
-) -> FramedBody:
-    """hidden [stop-start, len(layers)*H] in request order + token_ids, exact stored bytes."""
-    rows, width = stop - start, len(layers) * manifest.hidden_size
-    meta = HiddenMetadata(
+def hidden_metadata(manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> HiddenMetadata:
+    """The `__metadata__` of a `/hidden` body: which prompt, layers, convention, target and rows."""
+    return HiddenMetadata(
         prompt_id=manifest.prompt_id,
         layers=list(layers),
         layer_convention=manifest.layer_convention,
@@ -44,6 +41,14 @@ def hidden_body(
         dtype=manifest.dtype,
         greedy_mismatches=manifest.greedy_mismatches,
     )
+
+
+def hidden_body(
+    store: HiddenStore, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int
+) -> FramedBody:
+    """hidden [stop-start, len(layers)*H] in request order + token_ids, exact stored bytes."""
+    rows, width = stop - start, len(layers) * manifest.hidden_size
+    meta = hidden_metadata(manifest, layers, start, stop)
     body = frame(
         [
             TensorSpec(HIDDEN_TENSOR, numpy_dtype(manifest.dtype), (rows, width)),

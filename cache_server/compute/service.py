@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 
 from cache_server.capture.target import Target
-from cache_server.compute.bodies import heads_body, hidden_body
+from cache_server.compute.bodies import heads_body, hidden_body, hidden_metadata
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.scheduler import Scheduler
+from cache_server.compute.streaming import BlockBuffers, HiddenStream, hidden_stream
 from cache_server.errors import InvalidLayers, PromptNotFound, PromptNotReady
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
@@ -42,6 +44,9 @@ class HiddenStateService:
         self.registry = Registry(store.namespace / "requests")
         self.scheduler = Scheduler(target, store, metrics, capture_layers=capture_layers, batch_tokens=batch_tokens)
         self._wait_s = wait_s
+        # Row blocks of streamed bodies decode here (each fans out over the store's read threads).
+        self._stream_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hidden-stream")
+        self._buffers = BlockBuffers()
 
     @property
     def capture_layers(self) -> list[int]:
@@ -58,6 +63,7 @@ class HiddenStateService:
     def close(self) -> None:
         """Finish the batch in hand and stop; queued prompts stay registered and resume on restart."""
         self.scheduler.close()
+        self._stream_pool.shutdown(wait=True)
         self.store.close()
 
     def model_info(self) -> ModelInfo:
@@ -189,11 +195,25 @@ class HiddenStateService:
                 ) from None
 
     def hidden_body(self, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> FramedBody:
-        """The `GET /hidden` body of a published prompt (blocking: run it off the event loop)."""
+        """The `GET /hidden` body of a published prompt in one buffer (blocking: run it off the loop)."""
         body = hidden_body(self.store, manifest, layers, start, stop)
-        self.metrics.hidden_requests.inc()
-        self.metrics.hidden_bytes.inc(body.buffer.nbytes)
+        self._count(body.buffer.nbytes)
         return body
+
+    async def hidden_stream(
+        self, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int
+    ) -> HiddenStream:
+        """The `GET /hidden` body of a published prompt as a stream of decoded row blocks."""
+        metadata = hidden_metadata(manifest, layers, start, stop).to_strings()
+        stream = await hidden_stream(
+            self.store, manifest, layers, start, stop, metadata, self._stream_pool, self._buffers
+        )
+        self._count(stream.nbytes)
+        return stream
+
+    def _count(self, nbytes: int) -> None:
+        self.metrics.hidden_requests.inc()
+        self.metrics.hidden_bytes.inc(nbytes)
 
     @cached_property
     def heads(self) -> bytes:
