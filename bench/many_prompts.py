@@ -87,8 +87,10 @@ def main() -> None:
                     rows.append((name, median_ms(lambda p=path, b=body: http.get(p, params=b))))
                 else:
                     rows.append((name, median_ms(lambda p=path, b=body: http.post(p, json=b))))
-            claim = http.post("/jobs/claim", json={"worker": "w", "lease_s": 60})  # the 8th of 8 jobs
-            assert claim.status_code == 200 and len(claim.json()["prompt_ids"]) == args.prompts
+            http.post("/jobs", json={"checkpoint": "c.pt"})
+            claim = http.post("/jobs/claim", json={"worker": "w", "lease_s": 60})
+            if claim.status_code != 200 or len(claim.json()["prompt_ids"]) != args.prompts:
+                raise SystemExit(f"a claim of 'all' did not list the {args.prompts} prompts: {claim.text[:200]}")
     print(f"{'with ' + str(args.prompts) + ' prompts':<66} {'ms':>8}")
     for name, ms in rows:
         print(f"{name:<66} {ms:8.1f}")

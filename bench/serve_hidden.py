@@ -5,8 +5,10 @@ Run from the repository root: `.venv/bin/python -m bench.serve_hidden [--hidden 
 One prompt's layers (5 by default) are seeded into a temporary store under a bench fixture target (no
 model runs) and served by a real uvicorn process on uvloop, as `cache-server serve` runs. The two
 halves are also timed apart: the store read (`hidden_body` in-process) and the HTTP transfer (the same
-body served from RAM by a bench-only route). Every row moves the same bytes; each is the median of
-`--repeats` interleaved rounds after two warm-up rounds.
+body served from RAM by a bench-only route); `/hidden` itself streams, overlapping the two. A second
+server has `--ram-cache-gb`. Every row but the 128-row range moves the same bytes; each is the median
+of `--repeats` interleaved rounds after two warm-up rounds. Then first-byte latency, and the aggregate
+throughput of 1, 2 and 4 clients each on its own prompt.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.service import HiddenStateService
 from cache_server.settings import ServeSettings
 from cache_server.store.hidden_store import HiddenStore
+from cache_server.store.ram_cache import RamCache
 from cache_server.torch_utils import TORCH_DTYPES as DTYPES
 from schemas.safetensors_frame import parse
 from tests.support.servers import free_port, running_child
@@ -58,6 +61,8 @@ LIMIT = "limit:"
 STORE = "store read: hidden_body in-process (decode into the body)"
 RAM, E2E = "HTTP from RAM", "GET /hidden"
 HTTP, TOTAL = f"{RAM}: CacheClient._get_body", f"{E2E}: CacheClient.hidden"
+RAM_HIT = f"{E2E}: CacheClient.hidden, --ram-cache-gb hit"
+RANGE = f"{E2E}: CacheClient.hidden rows 960:1088 (128 rows)"
 
 
 # -- the fixture: a target that only has `.info`, and one stored prompt -------------------------
@@ -82,7 +87,7 @@ def fixture_info(hidden: int, dtype: str) -> TargetInfo:
     )
 
 
-def open_store(root: Path, info: TargetInfo, read_threads: int) -> HiddenStore:
+def open_store(root: Path, info: TargetInfo, read_threads: int, ram_cache_gb: float = 0.0) -> HiddenStore:
     return HiddenStore(
         root,
         fingerprint=info.fingerprint,
@@ -90,36 +95,41 @@ def open_store(root: Path, info: TargetInfo, read_threads: int) -> HiddenStore:
         hidden_size=info.hidden_size,
         dtype=info.dtype,
         read_threads=read_threads,
+        ram_cache=RamCache(int(ram_cache_gb * 2**30)) if ram_cache_gb else None,
     )
 
 
-def seed(root: Path, bins: Path, info: TargetInfo, layers: list[int], tokens: int) -> str:
-    """Publish one prompt's layers and register it (so the service serves it without computing);
-    also write each layer's raw bytes as `<k>.bin` for the plain-file baseline."""
-    gen = torch.Generator().manual_seed(0)
-    ids = tuple(int(t) for t in torch.randint(0, info.vocab_size, (tokens,), generator=gen))
-    pid = prompt_id_for(ids, None, None)
-    data = {k: activation_like(tokens, info.hidden_size, info.dtype, seed=k) for k in layers}
-    with open_store(root, info, read_threads=1) as store:
-        store.write(pid, np.asarray(ids, dtype=np.int64), tokens, data)
-        Registry(store.namespace / "requests").add(
-            Registration(prompt_id=pid, prompt_ids=ids, response_ids=None, max_new_tokens=None, name="bench")
-        )
+def seed(root: Path, bins: Path, info: TargetInfo, layers: list[int], tokens: int, prompts: int) -> list[str]:
+    """Publish `prompts` prompts' layers and register them (so the service serves them without
+    computing); also write the first one's raw layer bytes as `<k>.bin` for the plain-file baseline."""
+    pids = []
     bins.mkdir()
-    for k, t in data.items():
-        (bins / f"{k}.bin").write_bytes(t.view(torch.uint8).numpy().tobytes())
-    return pid
+    with open_store(root, info, read_threads=1) as store:
+        for i in range(prompts):
+            gen = torch.Generator().manual_seed(i)
+            ids = tuple(int(t) for t in torch.randint(0, info.vocab_size, (tokens,), generator=gen))
+            pid = prompt_id_for(ids, None, None)
+            data = {k: activation_like(tokens, info.hidden_size, info.dtype, seed=100 * i + k) for k in layers}
+            store.write(pid, np.asarray(ids, dtype=np.int64), tokens, data)
+            Registry(store.namespace / "requests").add(
+                Registration(prompt_id=pid, prompt_ids=ids, response_ids=None, max_new_tokens=None, name="bench")
+            )
+            pids.append(pid)
+            if i == 0:
+                for k, t in data.items():
+                    (bins / f"{k}.bin").write_bytes(t.view(torch.uint8).numpy().tobytes())
+    return pids
 
 
 # -- the server subprocess ----------------------------------------------------------------------
 
 
-def serve(store: Path, port: int, hidden: int, dtype: str, read_threads: int) -> None:
+def serve(store: Path, port: int, hidden: int, dtype: str, read_threads: int, ram_cache_gb: float) -> None:
     """`--serve`: the real app around the fixture target, plus a route serving a cached body."""
     info = fixture_info(hidden, dtype)
 
     def build(settings: ServeSettings) -> HiddenStateService:
-        store = open_store(settings.store, info, settings.read_threads)
+        store = open_store(settings.store, info, settings.read_threads, ram_cache_gb)
         target: Any = FixtureTarget(info)  # duck-typed stand-in for Target
         return HiddenStateService(target, store, capture_layers=[], metrics=Metrics())
 
@@ -142,12 +152,14 @@ def serve(store: Path, port: int, hidden: int, dtype: str, read_threads: int) ->
     uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", log_level="warning")
 
 
-def bench_server(args: argparse.Namespace, store: Path, log: Path) -> AbstractContextManager[str]:
+def bench_server(
+    args: argparse.Namespace, store: Path, log: Path, ram_cache_gb: float = 0.0
+) -> AbstractContextManager[str]:
     """`python -m bench.serve_hidden --serve ...` on a free loopback port; yields its URL, stopped on exit."""
     port = free_port()
     cmd = [sys.executable, "-m", "bench.serve_hidden", "--serve", "--store", str(store)]
     cmd += ["--port", str(port), "--hidden", str(args.hidden), "--dtype", args.dtype]
-    cmd += ["--read-threads", str(args.read_threads)]
+    cmd += ["--read-threads", str(args.read_threads), "--ram-cache-gb", str(ram_cache_gb)]
     return running_child(cmd, port, log, cwd=REPO)
 
 
@@ -247,6 +259,37 @@ def http_client_readinto(url: str, path: str, nbytes: int, fresh: bool) -> Itera
     yield one
 
 
+def first_byte_ms(url: str, path: str, repeats: int) -> float:
+    """Median time from sending the request to the first byte of the body."""
+    host, port = url.removeprefix("http://").split(":")
+    times = []
+    for _ in range(repeats):
+        conn = http.client.HTTPConnection(host, int(port))
+        t0 = time.perf_counter()
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read(1)
+        times.append(time.perf_counter() - t0)
+        conn.close()
+    return statistics.median(times) * 1e3
+
+
+def aggregate_gbps(url: str, pids: list[str], layers: list[int], nbytes: int, repeats: int) -> float:
+    """Bytes per second of `len(pids)` clients fetching their own prompt at once (median round)."""
+    clients = [CacheClient(url) for _ in pids]
+    try:
+        with ThreadPoolExecutor(len(pids)) as pool:
+            walls = []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                list(pool.map(lambda cp: cp[0].hidden(cp[1], layers), zip(clients, pids, strict=True)))
+                walls.append(time.perf_counter() - t0)
+        return len(pids) * nbytes / statistics.median(walls[1:]) / 1e9
+    finally:
+        for c in clients:
+            c.close()
+
+
 # -- main ---------------------------------------------------------------------------------------
 
 
@@ -256,9 +299,11 @@ def run(args: argparse.Namespace) -> None:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="serve-hidden-bench-") as tmp, ExitStack() as stack:
         root, bins = Path(tmp) / "store", Path(tmp) / "bins"
-        pid = seed(root, bins, info, layers, args.tokens)
-        # The in-process read uses a copy: one HiddenStore per namespace at a time, and the server has root.
+        pids = seed(root, bins, info, layers, args.tokens, args.prompts)
+        pid = pids[0]
+        # The in-process read and the RAM-cache server use copies: one HiddenStore per namespace at a time.
         shutil.copytree(root, Path(tmp) / "store-copy")
+        shutil.copytree(root, Path(tmp) / "store-ram")
         store = stack.enter_context(open_store(Path(tmp) / "store-copy", info, args.read_threads))
         m = store.manifest(pid)
         if m is None:
@@ -266,7 +311,10 @@ def run(args: argparse.Namespace) -> None:
         nbytes = hidden_body(store, m, layers, 0, m.num_tokens).buffer.nbytes
 
         url = stack.enter_context(bench_server(args, root, Path(tmp) / "server.log"))
+        ram_url = stack.enter_context(bench_server(args, Path(tmp) / "store-ram", Path(tmp) / "ram.log", 2.0))
         client = stack.enter_context(CacheClient(url))
+        ram_client = stack.enter_context(CacheClient(ram_url))
+        ram_client.hidden(pid, layers)  # decoded once, kept
         plain = stack.enter_context(httpx.Client(base_url=url, timeout=120))
         query = {"prompt_id": pid, "layers": ",".join(map(str, layers))}
         hidden_path, ram_path = f"/hidden?{urlencode(query)}", f"{RAM_ROUTE}?{urlencode(query)}"
@@ -291,9 +339,18 @@ def run(args: argparse.Namespace) -> None:
                 http_client_readinto(url, hidden_path, nbytes, fresh=False)
             ),
             f"{E2E}: httpx .content": lambda: plain.get(hidden_path).content,
+            RAM_HIT: lambda: ram_client.hidden(pid, layers),
+            RANGE: lambda: client.hidden(pid, layers, start=960, stop=1088),
         }
         rows = interleaved_medians(paths, args.repeats)
+        first_byte = first_byte_ms(url, hidden_path, args.repeats)
+        concurrent = {
+            n: aggregate_gbps(url, pids[:n], layers, nbytes, args.repeats) for n in (1, 2, 4) if n <= len(pids)
+        }
     report(args, nbytes, layers, load, rows)
+    print(f"first byte of GET /hidden (headers and the first block decoded): {first_byte:.1f} ms")
+    print("aggregate GET /hidden throughput, each client on its own prompt: "
+          + ", ".join(f"{n} client(s) {gbps:.2f} GB/s" for n, gbps in concurrent.items()))  # fmt: skip
 
 
 def report(args: argparse.Namespace, nbytes: int, layers: list[int], load: float, rows: dict[str, float]) -> None:
@@ -310,7 +367,8 @@ def report(args: argparse.Namespace, nbytes: int, layers: list[int], load: float
         print(f"{name:<60}{s * 1e3:>8.1f}{gbps:>8.2f}{raw_s / s:>10.2f}{files_s / s:>9.2f}")
     print(
         f"{TOTAL} {rows[TOTAL] * 1e3:.0f} ms vs store read {rows[STORE] * 1e3:.0f} ms "
-        f"+ HTTP transfer {rows[HTTP] * 1e3:.0f} ms = {(rows[STORE] + rows[HTTP]) * 1e3:.0f} ms"
+        f"+ HTTP transfer {rows[HTTP] * 1e3:.0f} ms = {(rows[STORE] + rows[HTTP]) * 1e3:.0f} ms in series; "
+        f"a 128-row range costs {rows[RANGE] / rows[TOTAL]:.2f} of the whole"
     )
 
 
@@ -322,12 +380,14 @@ def main() -> None:
     p.add_argument("--layers", default="1,16,31,46,61", help=f"layer ids in 0..{FIXTURE_LAYERS - 1}, request order")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--read-threads", dest="read_threads", type=int, default=4, help="store and file read threads")
+    p.add_argument("--prompts", type=int, default=4, help="prompts seeded (the concurrency rows use one each)")
+    p.add_argument("--ram-cache-gb", dest="ram_cache_gb", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        serve(args.store, args.port, args.hidden, args.dtype, args.read_threads)
+        serve(args.store, args.port, args.hidden, args.dtype, args.read_threads, args.ram_cache_gb)
     else:
         run(args)
 
