@@ -44,8 +44,8 @@ class HiddenStateService:
         self.registry = Registry(store.namespace / "requests")
         self.scheduler = Scheduler(target, store, metrics, capture_layers=capture_layers, batch_tokens=batch_tokens)
         self._wait_s = wait_s
-        # Row blocks of streamed bodies decode here (each fans out over the store's read threads).
-        self._stream_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hidden-stream")
+        # Row blocks of streamed bodies decode here, in order, each over all the store's read threads.
+        self._stream_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hidden-stream")
         self._buffers = BlockBuffers()
 
     @property

@@ -1,6 +1,7 @@
 """`GET /hidden` as a stream: the safetensors header first (every size is known up front), then the
-hidden rows in blocks, each sent as soon as it is decoded while the next blocks decode, then the
-token ids. The bytes are exactly `bodies.hidden_body`'s; only their timing changes.
+hidden rows in blocks, each sent as soon as it is decoded while the next block decodes, then the
+token ids (the header and the ids travel in the first and last block's buffer). The bytes are exactly
+`bodies.hidden_body`'s; only their timing changes.
 
 Blocks follow the store's chunks (1024 rows), so no chunk is decoded twice. Their buffers are reused
 once the transport has let go of them: uvloop keeps a reference to a buffer it has not finished
@@ -91,10 +92,17 @@ async def hidden_stream(
     ]
     head, offsets = frame_header(specs, metadata)
     row_bytes = width * dtype.itemsize
+    token_ids = np.ascontiguousarray(store.token_ids(manifest.prompt_id)[start:stop], dtype="<i8").tobytes()
 
     def decode(lo: int, hi: int) -> np.ndarray:
-        buf = buffers.take((hi - lo) * row_bytes)
-        store.read_into(manifest.prompt_id, layers, buf.view(store.numpy_dtype).reshape(hi - lo, width), lo, hi)
+        # The header rides with the first block and the token ids with the last: every write is a
+        # large one (a small write between large ones can wait out a delayed ACK).
+        before, after = head if lo == start else b"", token_ids if hi == stop else b""
+        buf = buffers.take(len(before) + (hi - lo) * row_bytes + len(after))
+        rows = buf[len(before) : len(before) + (hi - lo) * row_bytes]
+        store.read_into(manifest.prompt_id, layers, rows.view(store.numpy_dtype).reshape(hi - lo, width), lo, hi)
+        buf[: len(before)] = np.frombuffer(before, np.uint8)
+        buf[len(buf) - len(after) :] = np.frombuffer(after, np.uint8)
         return buf
 
     blocks = deque(row_blocks(start, stop))
@@ -102,10 +110,8 @@ async def hidden_stream(
     while blocks and len(decoding) < 1 + AHEAD:
         decoding.append(pool.submit(decode, *blocks.popleft()))
     first = await asyncio.wrap_future(decoding.popleft())
-    token_ids = np.ascontiguousarray(store.token_ids(manifest.prompt_id)[start:stop], dtype="<i8")
 
     async def pieces() -> AsyncIterator[bytes | memoryview]:
-        yield head
         block: np.ndarray | None = first
         try:
             while block is not None:
@@ -119,6 +125,5 @@ async def hidden_stream(
         finally:
             for future in decoding:  # a client that left: let the rest finish, keep nothing
                 future.cancel()
-        yield token_ids.tobytes()
 
     return HiddenStream(len(head) + offsets[TOKEN_IDS_TENSOR][1], pieces())
