@@ -62,6 +62,7 @@ STORE = "store read: hidden_body in-process (decode into the body)"
 RAM, E2E = "HTTP from RAM", "GET /hidden"
 HTTP, TOTAL = f"{RAM}: CacheClient._get_body", f"{E2E}: CacheClient.hidden"
 RAM_HIT = f"{E2E}: CacheClient.hidden, --ram-cache-gb hit"
+STREAMED = f"{E2E} --stream-hidden: CacheClient.hidden"
 RANGE = f"{E2E}: CacheClient.hidden rows 960:1088 (128 rows)"
 
 
@@ -124,14 +125,16 @@ def seed(root: Path, bins: Path, info: TargetInfo, layers: list[int], tokens: in
 # -- the server subprocess ----------------------------------------------------------------------
 
 
-def serve(store: Path, port: int, hidden: int, dtype: str, read_threads: int, ram_cache_gb: float) -> None:
+def serve(
+    store: Path, port: int, hidden: int, dtype: str, read_threads: int, ram_cache_gb: float, stream: bool
+) -> None:
     """`--serve`: the real app around the fixture target, plus a route serving a cached body."""
     info = fixture_info(hidden, dtype)
 
     def build(settings: ServeSettings) -> HiddenStateService:
         store = open_store(settings.store, info, settings.read_threads, ram_cache_gb)
         target: Any = FixtureTarget(info)  # duck-typed stand-in for Target
-        return HiddenStateService(target, store, capture_layers=[], metrics=Metrics())
+        return HiddenStateService(target, store, capture_layers=[], metrics=Metrics(), stream_hidden=stream)
 
     # `model` is never loaded: `build` supplies the target.
     settings = ServeSettings(model=Path("unused"), store=store, device="cpu", read_threads=read_threads)
@@ -153,13 +156,14 @@ def serve(store: Path, port: int, hidden: int, dtype: str, read_threads: int, ra
 
 
 def bench_server(
-    args: argparse.Namespace, store: Path, log: Path, ram_cache_gb: float = 0.0
+    args: argparse.Namespace, store: Path, log: Path, ram_cache_gb: float = 0.0, stream: bool = False
 ) -> AbstractContextManager[str]:
     """`python -m bench.serve_hidden --serve ...` on a free loopback port; yields its URL, stopped on exit."""
     port = free_port()
     cmd = [sys.executable, "-m", "bench.serve_hidden", "--serve", "--store", str(store)]
     cmd += ["--port", str(port), "--hidden", str(args.hidden), "--dtype", args.dtype]
     cmd += ["--read-threads", str(args.read_threads), "--ram-cache-gb", str(ram_cache_gb)]
+    cmd += ["--stream"] if stream else []
     return running_child(cmd, port, log, cwd=REPO)
 
 
@@ -304,6 +308,7 @@ def run(args: argparse.Namespace) -> None:
         # The in-process read and the RAM-cache server use copies: one HiddenStore per namespace at a time.
         shutil.copytree(root, Path(tmp) / "store-copy")
         shutil.copytree(root, Path(tmp) / "store-ram")
+        shutil.copytree(root, Path(tmp) / "store-stream")
         store = stack.enter_context(open_store(Path(tmp) / "store-copy", info, args.read_threads))
         m = store.manifest(pid)
         if m is None:
@@ -314,6 +319,10 @@ def run(args: argparse.Namespace) -> None:
         ram_url = stack.enter_context(bench_server(args, Path(tmp) / "store-ram", Path(tmp) / "ram.log", 2.0))
         client = stack.enter_context(CacheClient(url))
         ram_client = stack.enter_context(CacheClient(ram_url))
+        stream_url = stack.enter_context(
+            bench_server(args, Path(tmp) / "store-stream", Path(tmp) / "s.log", stream=True)
+        )
+        stream_client = stack.enter_context(CacheClient(stream_url))
         ram_client.hidden(pid, layers)  # decoded once, kept
         plain = stack.enter_context(httpx.Client(base_url=url, timeout=120))
         query = {"prompt_id": pid, "layers": ",".join(map(str, layers))}
@@ -339,16 +348,21 @@ def run(args: argparse.Namespace) -> None:
                 http_client_readinto(url, hidden_path, nbytes, fresh=False)
             ),
             f"{E2E}: httpx .content": lambda: plain.get(hidden_path).content,
+            STREAMED: lambda: stream_client.hidden(pid, layers),
+            f"{E2E} --stream-hidden: http.client readinto, one buffer": stack.enter_context(
+                http_client_readinto(stream_url, hidden_path, nbytes, fresh=False)
+            ),
             RAM_HIT: lambda: ram_client.hidden(pid, layers),
             RANGE: lambda: client.hidden(pid, layers, start=960, stop=1088),
         }
         rows = interleaved_medians(paths, args.repeats)
         first_byte = first_byte_ms(url, hidden_path, args.repeats)
+        first_byte_streamed = first_byte_ms(stream_url, hidden_path, args.repeats)
         concurrent = {
             n: aggregate_gbps(url, pids[:n], layers, nbytes, args.repeats) for n in (1, 2, 4) if n <= len(pids)
         }
     report(args, nbytes, layers, load, rows)
-    print(f"first byte of GET /hidden (headers and the first block decoded): {first_byte:.1f} ms")
+    print(f"first byte of GET /hidden: {first_byte:.1f} ms one buffer, {first_byte_streamed:.1f} ms streamed")
     print("aggregate GET /hidden throughput, each client on its own prompt: "
           + ", ".join(f"{n} client(s) {gbps:.2f} GB/s" for n, gbps in concurrent.items()))  # fmt: skip
 
@@ -382,12 +396,13 @@ def main() -> None:
     p.add_argument("--read-threads", dest="read_threads", type=int, default=4, help="store and file read threads")
     p.add_argument("--prompts", type=int, default=4, help="prompts seeded (the concurrency rows use one each)")
     p.add_argument("--ram-cache-gb", dest="ram_cache_gb", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        serve(args.store, args.port, args.hidden, args.dtype, args.read_threads, args.ram_cache_gb)
+        serve(args.store, args.port, args.hidden, args.dtype, args.read_threads, args.ram_cache_gb, args.stream)
     else:
         run(args)
 

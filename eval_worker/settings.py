@@ -16,7 +16,12 @@ class ConnectionSettings(BaseSettings):
     """The cache server to talk to."""
 
     model_config = SettingsConfigDict(
-        env_prefix="EVAL_WORKER_", extra="ignore", cli_kebab_case=True, cli_hide_none_type=True, cli_avoid_json=True
+        env_prefix="EVAL_WORKER_",
+        extra="ignore",
+        cli_kebab_case=True,
+        cli_hide_none_type=True,
+        cli_avoid_json=True,
+        cli_implicit_flags=True,
     )
     server: str = Field(default="http://127.0.0.1:8000", description="cache server URL")
     token: CliSuppress[str | None] = Field(default=None, description="bearer token for the server's writes")

@@ -51,6 +51,7 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
         metrics=metrics,
         batch_tokens=settings.batch_tokens,
         wait_s=settings.wait_s,
+        stream_hidden=settings.stream_hidden,
     )
 
 

@@ -93,8 +93,11 @@ async def hidden(
     ids = service.layer_ids(layers)
     manifest = await service.ensure(prompt_id, ids)
     lo, hi = token_range(manifest, start, stop)
-    stream = await service.hidden_stream(manifest, ids, lo, hi)  # sent block by block as blocks decode
-    return StreamingResponse(stream.pieces, media_type=SAFETENSORS, headers={"Content-Length": str(stream.nbytes)})
+    if service.stream_hidden:  # sent block by block while the next block decodes
+        stream = await service.hidden_stream(manifest, ids, lo, hi)
+        return StreamingResponse(stream.pieces, media_type=SAFETENSORS, headers={"Content-Length": str(stream.nbytes)})
+    body = await run_in_threadpool(service.hidden_body, manifest, ids, lo, hi)
+    return Response(content=body.as_memoryview(), media_type=SAFETENSORS)
 
 
 @router.get(

@@ -37,6 +37,7 @@ class HiddenStateService:
         metrics: Metrics,
         batch_tokens: int = 8192,
         wait_s: float = 30.0,
+        stream_hidden: bool = False,
     ) -> None:
         self.target = target
         self.store = store
@@ -44,6 +45,7 @@ class HiddenStateService:
         self.registry = Registry(store.namespace / "requests")
         self.scheduler = Scheduler(target, store, metrics, capture_layers=capture_layers, batch_tokens=batch_tokens)
         self._wait_s = wait_s
+        self.stream_hidden = stream_hidden
         # Row blocks of streamed bodies decode here, in order, each over all the store's read threads.
         self._stream_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hidden-stream")
         self._buffers = BlockBuffers()
