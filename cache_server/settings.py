@@ -42,8 +42,8 @@ class ServeSettings(BaseSettings):
     read_threads: int = Field(default=4, ge=1, description="threads decoding stored chunks")
     stream_hidden: bool = Field(
         default=False,
-        description="send /hidden in row blocks while the next decode (pays off with cores to spare; on 2 "
-        "cores the one-buffer body is faster)",
+        description="send /hidden in row blocks while the next ones decode (off by default: on 2 cores its "
+        "gain is within the noise)",
     )
     ram_cache_gb: float = Field(
         default=0.0, ge=0, description="decoded layers kept in RAM so that repeated requests decode nothing (0: off)"
