@@ -1,6 +1,7 @@
 """Per-prompt, per-layer hidden states on disk (Zarr v3), published atomically under a model namespace.
 
-Layout: `<root>/<fingerprint>/prompts/<prompt_id>/{manifest.json, token_ids/, layers/<k>/}`, one zarr
+Layout (a Zarr v3 hierarchy, `hierarchy.py`): `<root>/<fingerprint>/prompts/<prompt_id>/{zarr.json,
+token_ids/, layers/<k>/}`, the prompt group's attributes holding its manifest, one zarr
 array `[T, H]` per layer, staged under `<root>/<fingerprint>/tmp/` and renamed in. The manifest is the
 only source of truth: a layer is served only once a published manifest lists it.
 
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cache_server.store import chunks, publish
+from cache_server.store import chunks, hierarchy, publish
 from cache_server.store.manifest import (
     LayersNotStored,
     PromptManifest,
@@ -38,9 +39,10 @@ from cache_server.store.manifest import (
 )
 from cache_server.store.ram_cache import RamCache
 from cache_server.store.reader import READ_ERRORS, LayerRead, LayerReader
-from cache_server.store.recovery import MANIFEST, lock_namespace, sweep_interrupted_writes
+from cache_server.store.recovery import lock_namespace, sweep_interrupted_writes
 from cache_server.torch_utils import as_numpy, dtype_name
 from schemas.dtypes import DTYPE_NAMES
+from schemas.layers import LAYER_CONVENTION
 from schemas.safetensors_frame import numpy_dtype
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,10 @@ class HiddenStore:
         self._tmp = self._ns / "tmp"
         self._prompts.mkdir(parents=True, exist_ok=True)
         self._lock_file = lock_namespace(self._ns)
+        namespace = {"fingerprint": fingerprint, "model_name": model_name, "dtype": self._dtype_name,
+                     "hidden_size": hidden_size, "layer_convention": LAYER_CONVENTION}  # fmt: skip
+        hierarchy.ensure_group(self._ns, {"hidden_state_cache": namespace})
+        hierarchy.ensure_group(self._prompts)
         self._manifests: dict[str, PromptManifest] = {}
         self._guard = threading.Lock()
         self._prompt_locks: dict[str, threading.Lock] = {}
@@ -125,10 +131,8 @@ class HiddenStore:
             cached = self._manifests.get(prompt_id)
         if cached is not None:
             return cached
-        path = self._prompts / prompt_id / MANIFEST
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
+        text = hierarchy.manifest_text(self._prompts / prompt_id)
+        if text is None:
             return None
         loaded = parse_manifest(text, prompt_id, (self.fingerprint, self._dtype_name, self.hidden_size))
         with self._guard:
@@ -276,7 +280,7 @@ class HiddenStore:
             created_at=old.created_at if old else datetime.now(UTC).isoformat(),
             greedy_mismatches=old.greedy_mismatches if old else greedy_mismatches,
         )
-        chunks.replace_file(prompt_dir / MANIFEST, m.model_dump_json(indent=1).encode())
+        hierarchy.publish_manifest(prompt_dir, m.model_dump(mode="json"))
         with self._guard:
             self._manifests[prompt_id] = m
         return m

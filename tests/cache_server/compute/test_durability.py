@@ -47,8 +47,8 @@ def test_prompt_interrupted_before_publish_is_recomputed(tiny_target: Path, tmp_
     store = tmp_path / "store"
     with app_client(tiny_target, store) as client:
         [pid] = register_ready(client, [{"token_ids": TOKENS}])
-    [manifest] = list(store.rglob(f"{pid}/manifest.json"))
-    manifest.unlink()  # as if the process died after writing the layers but before publishing them
+    [group] = list(store.rglob(f"prompts/{pid}/zarr.json"))
+    group.unlink()  # as if the process died after writing the layers but before publishing them
     with app_client(tiny_target, store) as client:  # re-queued on start from the saved registration
         hidden = get_hidden(client, pid, "0,5")[0]["hidden"]
         assert metric(client, COMPUTED) == 1
@@ -62,7 +62,7 @@ def test_shutdown_with_a_queue_loses_nothing_and_computes_nothing_twice(tiny_tar
     body = {"prompts": [{"token_ids": [5, 6, n]} for n in range(12)], "generate": {"max_new_tokens": 40}}
     with app_client(tiny_target, store, batch_tokens=64) as client:  # small batches: the queue is long
         ids = [p["prompt_id"] for p in client.post("/prompts", json=body).json()["prompts"]]
-    published = len(list(store.rglob("manifest.json")))  # the batch in hand finished; the rest waits
+    published = len(list(store.glob("*/prompts/*/zarr.json")))  # the batch in hand finished; the rest waits
     with app_client(tiny_target, store) as client:
         for pid in ids:
             assert len(get_hidden(client, pid, "3")[0]["token_ids"]) == 43

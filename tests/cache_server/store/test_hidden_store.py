@@ -84,7 +84,7 @@ TOKENS = np.arange(100, 100 + T)
 
 def published(store: HiddenStore) -> list[PromptManifest]:
     """Every prompt a reader can see, by id."""
-    found = [store.manifest(p.name) for p in sorted((store.namespace / "prompts").iterdir())]
+    found = [store.manifest(p.name) for p in sorted((store.namespace / "prompts").iterdir()) if p.is_dir()]
     return [m for m in found if m is not None]
 
 
@@ -145,7 +145,9 @@ def test_manifest_fields(open_store: OpenStore, tmp_path: Path) -> None:
     assert m.token_sha256 == hashlib.sha256(TOKENS.astype("<i8").tobytes()).hexdigest()
     assert "zstd" in m.codec
     assert datetime.fromisoformat(m.created_at).tzinfo is not None
-    on_disk = json.loads((tmp_path / "fp0" / "prompts" / "p1" / "manifest.json").read_text())
+    group = json.loads((tmp_path / "fp0" / "prompts" / "p1" / "zarr.json").read_text())
+    on_disk = group["attributes"]["manifest"]
+    assert group["node_type"] == "group"
     assert on_disk["layers"] == [2, 7] and on_disk["token_sha256"] == m.token_sha256
     assert store.manifest("p1") == m
     assert published(store) == [m]
@@ -163,8 +165,8 @@ def test_adding_layers_keeps_old_ones(open_store: OpenStore, small_chunks: None)
     assert torch.equal(bits(read(store, "p1", [3])), bits(make_layer(3, torch.bfloat16)))
     assert torch.equal(bits(read(store, "p1", [1])), bits(make_layer(1, torch.bfloat16)))
     assert store.write("p1", TOKENS, 10, {1: make_layer(1, torch.bfloat16)}) == second
-    reopened_manifest = json.loads((store.namespace / "prompts" / "p1" / "manifest.json").read_text())
-    assert reopened_manifest["layers"] == [1, 3]
+    group = json.loads((store.namespace / "prompts" / "p1" / "zarr.json").read_text())
+    assert group["attributes"]["manifest"]["layers"] == [1, 3]
 
 
 def test_add_with_other_tokens_or_prompt_len_raises(open_store: OpenStore) -> None:
@@ -233,14 +235,14 @@ def test_interrupted_writes_are_never_served_and_removed_on_reopen(open_store: O
     (ns / "tmp" / "dead" / "layers" / "0" / "zarr.json.abc.partial").write_text("{")
     arrays.write_array(ns / "prompts" / "p2" / "layers" / "0", np.zeros((T, H), np.uint16), compress=True)
     arrays.write_array(ns / "prompts" / "p1" / "layers" / "5", np.ones((T, H), np.uint16), compress=True)
-    (ns / "prompts" / "p1" / "manifest.json.123.tmp").write_text("{")
+    (ns / "prompts" / "p1" / "zarr.json.123.tmp").write_text("{")
 
     store = open_store()
     assert [m.prompt_id for m in published(store)] == ["p1"]
     assert store.manifest("p2") is None
     assert not (ns / "prompts" / "p2").exists()
     assert not (ns / "prompts" / "p1" / "layers" / "5").exists()
-    assert not (ns / "prompts" / "p1" / "manifest.json.123.tmp").exists()
+    assert not (ns / "prompts" / "p1" / "zarr.json.123.tmp").exists()
     assert list((ns / "tmp").iterdir()) == []
     with pytest.raises(LayersNotStored):
         store.read_into("p1", [5], np.empty((T, H), dtype=store.numpy_dtype))
@@ -399,3 +401,41 @@ def test_a_damaged_block_table_is_an_error_not_garbage(tmp_path: Path) -> None:
     assert layout is not None
     with pytest.raises(ValueError, match="block table"):
         blosc_reader.ChunkReader().read(layout, 0, 0, 10, np.empty((10, 2048), np.uint16))
+
+
+def test_plain_zarr_browses_the_store(open_store: OpenStore) -> None:
+    store = open_store()
+    layers = {k: make_layer(k, torch.bfloat16) for k in (1, 4)}
+    m = store.write("p1", TOKENS, 10, layers)
+    root = zarr.open_group(store=LocalStore(store.namespace, read_only=True), mode="r")
+    assert root.attrs["hidden_state_cache"]["fingerprint"] == "fp0"
+    assert root.attrs["hidden_state_cache"]["layer_convention"] == LAYER_CONVENTION
+    prompt = root["prompts/p1"]
+    assert prompt.attrs["manifest"]["layers"] == [1, 4] and prompt.attrs["manifest"] == m.model_dump(mode="json")
+    assert prompt["token_ids"][:].tolist() == TOKENS.tolist()
+    stored = prompt["layers/4"][:]  # bf16 is kept as its uint16 bit pattern (zarr has no bfloat16)
+    assert np.array_equal(stored, as_numpy(layers[4]).view(np.uint16))
+    assert sorted(root["prompts/p1/layers"].array_keys()) == ["1", "4"]
+
+
+def test_a_store_written_before_the_hierarchy_is_read_and_migrated(open_store: OpenStore) -> None:
+    store = open_store()
+    layers = {k: make_layer(k, torch.bfloat16) for k in (0, 2)}
+    m = store.write("p1", TOKENS, 10, layers)
+    prompt_dir, ns = store.namespace / "prompts" / "p1", store.namespace
+    store.close()
+    # The older layout: the manifest in manifest.json, no group metadata anywhere.
+    (prompt_dir / "manifest.json").write_text(m.model_dump_json(indent=1))
+    for group in (
+        prompt_dir / "zarr.json",
+        prompt_dir / "layers" / "zarr.json",
+        ns / "prompts" / "zarr.json",
+        ns / "zarr.json",
+    ):
+        group.unlink()
+    store = open_store()
+    assert store.manifest("p1") == m
+    assert torch.equal(bits(read(store, "p1", [2, 0])), bits(torch.cat([layers[2], layers[0]], dim=1)))
+    assert not (prompt_dir / "manifest.json").exists()  # migrated on open
+    root = zarr.open_group(store=LocalStore(ns, read_only=True), mode="r")
+    assert root["prompts/p1"].attrs["manifest"]["layers"] == [0, 2]
