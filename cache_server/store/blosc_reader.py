@@ -184,6 +184,29 @@ class ChunkReader:
         if not whole:
             out[...] = dest.reshape(chunks.chunk_rows, chunks.width)[lo:hi]
 
+    def encoded(self, chunks: BloscChunks, chunk: int, lo: int, hi: int) -> tuple[str, bytes, int]:
+        """Rows lo:hi of a chunk as stored, for a client that decodes: ("blosc", a Blosc chunk holding
+        just the blocks those rows need, offset of row lo in what it decodes to), or for a chunk
+        stored uncompressed ("raw", the rows' bytes, 0)."""
+        nbytes, row_bytes = chunks.chunk_nbytes, chunks.width * chunks.dtype.itemsize
+        try:
+            fd = os.open(chunk_file(chunks.array_dir, chunk), os.O_RDONLY)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"chunk {chunk} is missing") from e
+        try:
+            size = os.fstat(fd).st_size
+            header = _BLOSC_HEADER.unpack(os.pread(fd, _BLOSC_HEADER.size, 0)) if size >= _BLOSC_HEADER.size else None
+            if header is None or header[6] != size or header[4] != nbytes:
+                raise ValueError(f"chunk {chunk} is damaged: {size} bytes on disk, header {header}")
+            if header[2] & _MEMCPYED:
+                rows = bytearray((hi - lo) * row_bytes)
+                _read_at(fd, memoryview(rows), _BLOSC_HEADER.size + lo * row_bytes, chunk)
+                return "raw", bytes(rows), 0
+            src, skip = _blocks_holding(fd, header, lo * row_bytes, hi * row_bytes, self._buffer("file", size), chunk)
+            return "blosc", bytes(src), skip
+        finally:
+            os.close(fd)
+
     @staticmethod
     def _decode(src: memoryview, dest: np.ndarray, chunk: int) -> None:
         try:

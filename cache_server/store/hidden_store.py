@@ -1,12 +1,7 @@
-"""Per-prompt, per-layer hidden states on disk (Zarr v3), published atomically under a model namespace.
-
-Layout (a Zarr v3 hierarchy, `hierarchy.py`): `<root>/<fingerprint>/prompts/<prompt_id>/{zarr.json,
-token_ids/, layers/<k>/}`, the prompt group's attributes holding its manifest, one zarr
-array `[T, H]` per layer, staged under `<root>/<fingerprint>/tmp/` and renamed in. The manifest is the
-only source of truth: a layer is served only once a published manifest lists it.
-
-Errors and the manifest live in `manifest.py`, recovery and the namespace lock in `recovery.py`,
-the codec and chunk reads in `chunks.py`.
+"""Per-prompt, per-layer hidden states in a Zarr v3 hierarchy (`hierarchy.py`) under a target's
+fingerprint: `prompts/<id>/{zarr.json, token_ids/, layers/<k>/}`, arrays staged under `tmp/` and
+renamed in (`publish.py`), the prompt group's manifest written last: the only source of truth.
+Reads: `reader.py`, `blosc_reader.py`; errors and the manifest: `manifest.py`; recovery: `recovery.py`.
 """
 
 from __future__ import annotations
@@ -38,9 +33,9 @@ from cache_server.store.manifest import (
     token_sha256,
 )
 from cache_server.store.ram_cache import RamCache
-from cache_server.store.reader import READ_ERRORS, LayerRead, LayerReader
+from cache_server.store.reader import READ_ERRORS, EncodedPiece, LayerRead, LayerReader
 from cache_server.store.recovery import lock_namespace, sweep_interrupted_writes
-from cache_server.torch_utils import as_numpy, dtype_name
+from cache_server.torch_utils import dtype_name
 from schemas.dtypes import DTYPE_NAMES
 from schemas.layers import LAYER_CONVENTION
 from schemas.safetensors_frame import numpy_dtype
@@ -163,7 +158,8 @@ class HiddenStore:
         (its manifest keeps the first write's `greedy_mismatches`)."""
         check_name(prompt_id, "prompt id")
         ids = publish.check_tokens(token_ids, prompt_len)
-        data = {layer_id(k): self._check_layer(k, t, len(ids)) for k, t in layers.items()}
+        shape, storage = (len(ids), self.hidden_size), self._storage_dtype
+        data = {layer_id(k): publish.layer_bytes(k, t, shape, self.dtype, storage) for k, t in layers.items()}
         data = dict(sorted(data.items()))
         if not data:
             raise StoreInputError("write needs at least one layer")
@@ -200,13 +196,7 @@ class HiddenStore:
         response buffer (`reader.py` fills it on a thread pool). With a RAM cache, layers found there
         are copied, and the others are decoded whole and kept.
         """
-        m = self._require(prompt_id)
-        missing = sorted(set(layers) - set(m.layers))
-        if missing:
-            raise LayersNotStored(prompt_id, missing)
-        stop = m.num_tokens if stop is None else stop
-        if not 0 <= start <= stop <= m.num_tokens:
-            raise StoreInputError(f"rows [{start}, {stop}) outside prompt {prompt_id!r} of {m.num_tokens}")
+        m, stop = self._checked(prompt_id, layers, start, stop)
         h = self.hidden_size
         want = (stop - start, len(layers) * h)
         if out.dtype != self.numpy_dtype or out.shape != want or not out.flags.writeable:
@@ -235,6 +225,37 @@ class HiddenStore:
             columns[...] = whole[start:stop]
             ram.put(self.fingerprint, prompt_id, k, whole)  # type: ignore[union-attr]
 
+    def encoded(self, prompt_id: str, layers: Sequence[int], start: int, stop: int) -> list[list[EncodedPiece]]:
+        """Per layer (request order), rows start:stop as stored, for a client that decodes them: Blosc
+        chunks cut to the blocks the rows need, or raw rows (RAM-cached, stored uncompressed, or of a
+        layer in another layout, decoded here)."""
+        m, _ = self._checked(prompt_id, layers, start, stop)
+        out = []
+        for k in layers:
+            cached = self._ram.get(self.fingerprint, prompt_id, k) if self._ram is not None else None
+            pieces = None if cached is not None else self._reader.encoded(m, k, start, stop)
+            if pieces is None:  # sent decoded: from RAM, or decoded here
+                rows = np.empty((stop - start, self.hidden_size), self._storage_dtype)
+                if cached is None:
+                    self._reader.read(m, [(k, rows, start, stop)])
+                else:
+                    rows[...] = cached[start:stop]
+                pieces = [(0, stop - start, "raw", rows.tobytes(), 0)]
+            out.append(pieces)
+        return out
+
+    def _checked(
+        self, prompt_id: str, layers: Sequence[int], start: int, stop: int | None
+    ) -> tuple[PromptManifest, int]:
+        m = self._require(prompt_id)
+        missing = sorted(set(layers) - set(m.layers))
+        if missing:
+            raise LayersNotStored(prompt_id, missing)
+        stop = m.num_tokens if stop is None else stop
+        if not 0 <= start <= stop <= m.num_tokens:
+            raise StoreInputError(f"rows [{start}, {stop}) outside prompt {prompt_id!r} of {m.num_tokens}")
+        return m, stop
+
     # -- reading --------------------------------------------------------------------------------
 
     def _require(self, prompt_id: str) -> PromptManifest:
@@ -244,15 +265,6 @@ class HiddenStore:
         return m
 
     # -- writing --------------------------------------------------------------------------------
-
-    def _check_layer(self, layer: int, t: torch.Tensor, num_tokens: int) -> np.ndarray:
-        want = (num_tokens, self.hidden_size)
-        if t.dtype != self.dtype or t.device.type != "cpu" or tuple(t.shape) != want:
-            raise StoreInputError(
-                f"layer {layer}: expected a CPU {self.dtype} tensor of shape {list(want)}, "
-                f"got {t.device.type} {t.dtype} {list(t.shape)}"
-            )
-        return as_numpy(t).view(self._storage_dtype)
 
     def _publish(
         self,
@@ -265,21 +277,14 @@ class HiddenStore:
         greedy_mismatches: int | None,
     ) -> PromptManifest:
         prompt_dir = publish.move_in(self._prompts, prompt_id, staging, new_prompt=old is None, layers=new_layers)
-        itemsize = self._storage_dtype.itemsize
-        m = PromptManifest(
-            prompt_id=prompt_id,
-            model_fingerprint=self.fingerprint,
-            model_name=self.model_name,
+        m = old.model_copy(update={"layers": tuple(sorted({*new_layers, *old.layers}))}) if old else PromptManifest(
+            prompt_id=prompt_id, model_fingerprint=self.fingerprint, model_name=self.model_name,
             dtype=self._dtype_name,  # type: ignore[arg-type]  # checked in __init__
-            layers=tuple(sorted({*new_layers, *(old.layers if old else ())})),
-            prompt_len=prompt_len,
-            num_tokens=len(ids),
-            hidden_size=self.hidden_size,
-            token_sha256=token_sha256(ids),
-            codec=old.codec if old else chunks.describe(itemsize),
-            created_at=old.created_at if old else datetime.now(UTC).isoformat(),
-            greedy_mismatches=old.greedy_mismatches if old else greedy_mismatches,
-        )
+            layers=tuple(sorted(new_layers)), prompt_len=prompt_len, num_tokens=len(ids),
+            hidden_size=self.hidden_size, token_sha256=token_sha256(ids),
+            codec=chunks.describe(self._storage_dtype.itemsize), created_at=datetime.now(UTC).isoformat(),
+            greedy_mismatches=greedy_mismatches,
+        )  # fmt: skip
         hierarchy.publish_manifest(prompt_dir, m.model_dump(mode="json"))
         with self._guard:
             self._manifests[prompt_id] = m

@@ -8,11 +8,14 @@ import os
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
 from cache_server.store import chunks
 from cache_server.store.manifest import StoreInputError
+from cache_server.torch_utils import as_numpy
 
 
 def check_tokens(token_ids: np.ndarray, prompt_len: int) -> np.ndarray:
@@ -23,6 +26,19 @@ def check_tokens(token_ids: np.ndarray, prompt_len: int) -> np.ndarray:
     if not 1 <= prompt_len <= ids.size:
         raise StoreInputError(f"prompt_len {prompt_len} outside [1, {ids.size}]")
     return np.ascontiguousarray(ids, dtype="<i8")
+
+
+def layer_bytes(
+    layer: int, t: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype, storage: np.dtype[Any]
+) -> np.ndarray:
+    """A layer to store as its exact bytes in the storage dtype; StoreInputError unless it is a CPU
+    tensor of `dtype` and `shape`."""
+    if t.dtype != dtype or t.device.type != "cpu" or tuple(t.shape) != shape:
+        raise StoreInputError(
+            f"layer {layer}: expected a CPU {dtype} tensor of shape {list(shape)}, "
+            f"got {t.device.type} {t.dtype} {list(t.shape)}"
+        )
+    return as_numpy(t).view(storage)
 
 
 def stage(staging: Path, layers: Mapping[int, np.ndarray], ids: np.ndarray | None) -> None:

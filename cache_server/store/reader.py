@@ -27,6 +27,7 @@ READ_ERRORS = (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarr
 # `blosc_reader.ChunkReader` (faster than zarr; None: read through zarr).
 _Layer = tuple[zarr.Array[Any], blosc_reader.BloscChunks | None]
 LayerRead = tuple[int, np.ndarray, int, int]  # (layer id, out [stop - start, H], start, stop)
+EncodedPiece = tuple[int, int, str, bytes, int]  # (first row in the range, rows, "blosc" | "raw", payload, skip)
 
 
 class LayerReader:
@@ -70,6 +71,20 @@ class LayerReader:
         wait(futures)  # all of them: none may still be writing into an `out` once we return or raise
         for f in futures:
             f.result()
+
+    def encoded(self, m: PromptManifest, layer: int, start: int, stop: int) -> list[EncodedPiece] | None:
+        """Rows start:stop of a layer as stored (see `ChunkReader.encoded`), or None for a layer not
+        laid out as `chunks.write_array` writes it (the caller decodes those)."""
+        _, blosc = self._layer_array(m, layer)
+        if blosc is None:
+            return None
+        try:
+            return [
+                (at, hi - lo, *self._chunk_reader.encoded(blosc, c, lo, hi))
+                for c, lo, hi, at in blosc.pieces(start, stop)
+            ]
+        except READ_ERRORS as e:
+            raise StoreCorrupt(f"prompt {m.prompt_id!r} layer {layer}: {e}") from e
 
     def _layer_dir(self, prompt_id: str, layer: int) -> Path:
         return self._prompts / prompt_id / "layers" / str(layer)
