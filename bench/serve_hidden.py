@@ -335,7 +335,7 @@ def run(args: argparse.Namespace) -> None:
                 plain_files(bins, layers, threads)
             ),
             STORE: lambda: hidden_body(store, m, layers, 0, m.num_tokens),
-            HTTP: lambda: parse(client._get_body(RAM_ROUTE, query)),
+            HTTP: lambda: parse(client._get_body(RAM_ROUTE, query)[0]),
             f"{RAM}: http.client readinto, fresh buffer each": stack.enter_context(
                 http_client_readinto(url, ram_path, nbytes, fresh=True)
             ),

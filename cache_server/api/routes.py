@@ -3,7 +3,7 @@ Blocking work runs in threads, never on the event loop."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 from fastapi.responses import StreamingResponse
@@ -16,6 +16,7 @@ from cache_server.compute.bodies import token_range
 from schemas.errors import ErrorCode as E
 from schemas.layers import AsciiInt
 from schemas.model import ModelInfo
+from schemas.pieces import ENCODING, MEDIA_TYPE
 from schemas.prompts import PromptPage, PromptState, PromptStatus, RegisterRequest, RegisterResponse
 
 SAFETENSORS = "application/octet-stream"
@@ -86,6 +87,10 @@ async def hidden(
     layers: Annotated[str, Query(description="comma-separated layer ids, e.g. 1,16,31 (0-based decoder outputs)")],
     start: AsciiInt | None = None,
     stop: AsciiInt | None = None,
+    encoding: Annotated[
+        Literal["safetensors", "pieces"],
+        Query(description="pieces: the stored compressed pieces, for clients that decode"),
+    ] = "safetensors",
 ) -> Response:
     """The hidden states of `layers` of one prompt, concatenated per token in the order asked.
 
@@ -93,6 +98,9 @@ async def hidden(
     ids = service.layer_ids(layers)
     manifest = await service.ensure(prompt_id, ids)
     lo, hi = token_range(manifest, start, stop)
+    if encoding == ENCODING:
+        pieces = await run_in_threadpool(service.pieces_body, manifest, ids, lo, hi)
+        return Response(content=pieces, media_type=MEDIA_TYPE)
     if service.stream_hidden:  # sent block by block while the next block decodes
         stream = await service.hidden_stream(manifest, ids, lo, hi)
         return StreamingResponse(stream.pieces, media_type=SAFETENSORS, headers={"Content-Length": str(stream.nbytes)})

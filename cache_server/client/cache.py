@@ -10,7 +10,7 @@ import http.client
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import numpy as np
@@ -23,11 +23,13 @@ from cache_server.client.errors import (
     ServerUnreachable,
     error_class,
 )
+from cache_server.client.pieces import decode_pieces
 from cache_server.client.results import HiddenResult, TargetHeads
 from schemas.errors import ErrorCode
 from schemas.hidden import EMBED_TENSOR, HIDDEN_TENSOR, LM_HEAD_TENSOR, TOKEN_IDS_TENSOR, HiddenMetadata
 from schemas.layers import format_layer_list
 from schemas.model import ModelInfo
+from schemas.pieces import MEDIA_TYPE as PIECES_MEDIA_TYPE
 from schemas.prompts import (
     GenerateSpec,
     PromptSpec,
@@ -165,8 +167,9 @@ class CacheClient:
 
     # -- tensor endpoints -----------------------------------------------------------------------
 
-    def _get_body(self, path: str, params: dict[str, Any] | None = None) -> np.ndarray | bytes:
-        """A tensor body in one buffer preallocated from Content-Length (no growing copies)."""
+    def _get_body(self, path: str, params: dict[str, Any] | None = None) -> tuple[np.ndarray | bytes, str]:
+        """A tensor body in one buffer preallocated from Content-Length (no growing copies), and its
+        content type."""
         if self._bodies is None:
             return self._get_body_httpx(path, params)
         try:
@@ -177,17 +180,19 @@ class CacheClient:
             raise self._unreachable(e) from e
         if isinstance(body.data, bytes):
             raise_for_error(httpx.Response(body.status, headers=body.headers, content=body.data))
-        return body.data
+        content_type = next((v for k, v in body.headers if k.lower() == "content-type"), "")
+        return body.data, content_type
 
-    def _get_body_httpx(self, path: str, params: dict[str, Any] | None) -> np.ndarray | bytes:
+    def _get_body_httpx(self, path: str, params: dict[str, Any] | None) -> tuple[np.ndarray | bytes, str]:
         try:
             with self._http.stream("GET", path, params=params) as response:
                 if not response.is_success:
                     response.read()
                     raise_for_error(response)
+                content_type = response.headers.get("content-type", "")
                 size = int(response.headers.get("Content-Length", "-1"))
                 if size < 0:
-                    return response.read()
+                    return response.read(), content_type
                 buf = np.empty(size, dtype=np.uint8)
                 view, pos = memoryview(buf.data), 0
                 for chunk in response.iter_raw():
@@ -195,24 +200,38 @@ class CacheClient:
                     pos += len(chunk)
                 if pos != size:
                     raise ProtocolError(f"body of {path} ended at {pos} of {size} bytes")
-                return buf
+                return buf, content_type
         except httpx.TransportError as e:
             raise self._unreachable(e) from e
 
     def hidden(
-        self, prompt_id: str, layers: Sequence[int], *, start: int | None = None, stop: int | None = None
+        self,
+        prompt_id: str,
+        layers: Sequence[int],
+        *,
+        start: int | None = None,
+        stop: int | None = None,
+        encoding: Literal["pieces", "safetensors"] = "pieces",
     ) -> HiddenResult:
-        """Hidden states of `layers` (in this order) concatenated per token, with the token ids (numpy)."""
-        params: dict[str, Any] = {"prompt_id": prompt_id, "layers": format_layer_list(layers)}
+        """Hidden states of `layers` (in this order) concatenated per token, with the token ids (numpy).
+
+        By default the server sends the stored compressed pieces and they are decoded here, on this
+        machine's cores; `encoding="safetensors"` asks for the decoded body. The array is the same."""
+        params: dict[str, Any] = {"prompt_id": prompt_id, "layers": format_layer_list(layers), "encoding": encoding}
         if start is not None:
             params["start"] = start
         if stop is not None:
             params["stop"] = stop
         try:
-            tensors, meta = parse(self._get_body("/hidden", params))
+            data, content_type = self._get_body("/hidden", params)
+            if content_type.startswith(PIECES_MEDIA_TYPE):
+                hidden, token_ids, meta = decode_pieces(data)
+            else:
+                tensors, meta = parse(data)
+                hidden, token_ids = tensors[HIDDEN_TENSOR], tensors[TOKEN_IDS_TENSOR]
             metadata = HiddenMetadata.from_strings(meta)
-            result = HiddenResult(tensors[HIDDEN_TENSOR], tensors[TOKEN_IDS_TENSOR], metadata)
-        except (WireFormatError, KeyError, ValueError) as e:
+            result = HiddenResult(hidden, token_ids, metadata)
+        except (WireFormatError, KeyError, ValueError, TypeError) as e:
             raise ProtocolError(f"malformed /hidden body for {prompt_id}: {e}") from e
         if metadata.layers != list(layers) or result.hidden.shape[1] != len(layers) * metadata.hidden_size:
             raise ProtocolError(
@@ -223,7 +242,7 @@ class CacheClient:
     def heads(self) -> TargetHeads:
         """The target's embed_tokens and lm_head (what a DFlash drafter borrows), as numpy arrays."""
         try:
-            tensors, meta = parse(self._get_body("/target/heads"))
+            tensors, meta = parse(self._get_body("/target/heads")[0])
             return TargetHeads(tensors[EMBED_TENSOR], tensors[LM_HEAD_TENSOR], meta["model_fingerprint"])
         except (WireFormatError, KeyError) as e:
             raise ProtocolError(f"malformed /target/heads body: {e}") from e

@@ -1,0 +1,57 @@
+"""`GET /hidden?encoding=pieces`: the client decodes the stored pieces into exactly the array the
+safetensors body carries, over real HTTP, for whole prompts, ranges across chunks and RAM-cache hits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from cache_server.api.app import create_app
+from cache_server.client import CacheClient
+from cache_server.store import chunks
+from schemas.pieces import read_pieces_header
+from tests.cache_server.helpers import register_ready, serve_settings
+from tests.support.servers import serving_app
+
+TOKENS = list(range(5, 45))  # 40 tokens: three 16-row chunks below
+RANGES = [(None, None), (3, 37), (16, 32), (31, 33), (39, 40)]
+
+
+@pytest.mark.parametrize(("dtype", "ram_cache_gb"), [("float32", 0.0), ("bfloat16", 0.0), ("float32", 0.01)])
+def test_pieces_decode_to_the_safetensors_array(
+    tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, ram_cache_gb: float
+) -> None:
+    monkeypatch.setattr(chunks, "CHUNK_TOKENS", 16)
+    settings = serve_settings(tiny_target, tmp_path / "store", dtype=dtype, ram_cache_gb=ram_cache_gb)
+    app = create_app(settings)
+    with TestClient(app) as local:  # registers and computes the prompt in this process
+        [pid] = register_ready(local, [{"token_ids": TOKENS}], layer=3)
+    with serving_app(create_app(settings)) as url, CacheClient(url) as client:
+        for start, stop in RANGES:
+            pieces = client.hidden(pid, [4, 0, 2], start=start, stop=stop)  # the default
+            plain = client.hidden(pid, [4, 0, 2], start=start, stop=stop, encoding="safetensors")
+            assert pieces.hidden.dtype == plain.hidden.dtype and pieces.hidden.shape == plain.hidden.shape
+            assert pieces.hidden.tobytes() == plain.hidden.tobytes(), (start, stop)
+            assert np.array_equal(pieces.token_ids, plain.token_ids)
+            assert pieces.metadata == plain.metadata
+
+
+def test_pieces_are_the_stored_blosc_blocks_unless_ram_cached(
+    tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chunks, "CHUNK_TOKENS", 16)
+    kinds = {}
+    for ram in (0.0, 0.01):
+        with TestClient(create_app(serve_settings(tiny_target, tmp_path / f"s{ram}", ram_cache_gb=ram))) as c:
+            [pid] = register_ready(c, [{"token_ids": TOKENS}], layer=1)
+            body = c.get("/hidden", params={"prompt_id": pid, "layers": "1", "encoding": "pieces"})
+            assert body.headers["content-type"].startswith("application/x-hidden-state-pieces")
+            header, _ = read_pieces_header(memoryview(body.content))
+            kinds[ram] = sorted({p[3] for p in header["pieces"]})
+            plain = c.get("/hidden", params={"prompt_id": pid, "layers": "1"})
+            if not ram:
+                assert len(body.content) < len(plain.content)  # compressed on the wire
+    assert kinds == {0.0: ["blosc"], 0.01: ["raw"]}
