@@ -60,9 +60,10 @@ RAM_ROUTE = "/bench/hidden-from-ram"
 LIMIT = "limit:"
 STORE = "store read: hidden_body in-process (decode into the body)"
 RAM, E2E = "HTTP from RAM", "GET /hidden"
-HTTP, TOTAL = f"{RAM}: CacheClient._get_body", f"{E2E}: CacheClient.hidden"
+HTTP, TOTAL = f"{RAM}: CacheClient._get_body", f"{E2E}: CacheClient.hidden pieces (decoded by the client)"
 RAM_HIT = f"{E2E}: CacheClient.hidden, --ram-cache-gb hit"
-STREAMED = f"{E2E} --stream-hidden: CacheClient.hidden"
+STREAMED = f"{E2E} --stream-hidden: CacheClient.hidden safetensors"
+PLAIN = f"{E2E}: CacheClient.hidden safetensors (decoded on the server)"
 RANGE = f"{E2E}: CacheClient.hidden rows 960:1088 (128 rows)"
 
 
@@ -348,11 +349,12 @@ def run(args: argparse.Namespace) -> None:
                 http_client_readinto(url, hidden_path, nbytes, fresh=False)
             ),
             f"{E2E}: httpx .content": lambda: plain.get(hidden_path).content,
-            STREAMED: lambda: stream_client.hidden(pid, layers),
+            PLAIN: lambda: client.hidden(pid, layers, encoding="safetensors"),
+            STREAMED: lambda: stream_client.hidden(pid, layers, encoding="safetensors"),
             f"{E2E} --stream-hidden: http.client readinto, one buffer": stack.enter_context(
                 http_client_readinto(stream_url, hidden_path, nbytes, fresh=False)
             ),
-            RAM_HIT: lambda: ram_client.hidden(pid, layers),
+            RAM_HIT: lambda: ram_client.hidden(pid, layers, encoding="safetensors"),
             RANGE: lambda: client.hidden(pid, layers, start=960, stop=1088),
         }
         rows = interleaved_medians(paths, args.repeats)
