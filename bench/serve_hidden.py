@@ -6,9 +6,10 @@ One prompt's layers (5 by default) are seeded into a temporary store under a ben
 model runs) and served by a real uvicorn process on uvloop, as `cache-server serve` runs. The two
 halves are also timed apart: the store read (`hidden_body` in-process) and the HTTP transfer (the same
 body served from RAM by a bench-only route); `/hidden` itself streams, overlapping the two. A second
-server has `--ram-cache-gb`. Every row but the 128-row range moves the same bytes; each is the median
-of `--repeats` interleaved rounds after two warm-up rounds. Then first-byte latency, and the aggregate
-throughput of 1, 2 and 4 clients each on its own prompt.
+server has `--ram-cache-gb`, a third `--no-stream-hidden` (one buffer). Every row but the 128-row
+range moves the same bytes; each is the median of `--repeats` interleaved rounds after two warm-up
+rounds. Then first-byte latency, and the aggregate throughput of 1, 2 and 4 clients each on its own
+prompt.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ STORE = "store read: hidden_body in-process (decode into the body)"
 RAM, E2E = "HTTP from RAM", "GET /hidden"
 HTTP, TOTAL = f"{RAM}: CacheClient._get_body", f"{E2E}: CacheClient.hidden pieces (decoded by the client)"
 RAM_HIT = f"{E2E}: CacheClient.hidden, --ram-cache-gb hit"
-STREAMED = f"{E2E} --stream-hidden: CacheClient.hidden safetensors"
+ONE_BUFFER = f"{E2E} --no-stream-hidden: CacheClient.hidden safetensors"
 PLAIN = f"{E2E}: CacheClient.hidden safetensors (decoded on the server)"
 RANGE = f"{E2E}: CacheClient.hidden rows 960:1088 (128 rows)"
 
@@ -157,14 +158,14 @@ def serve(
 
 
 def bench_server(
-    args: argparse.Namespace, store: Path, log: Path, ram_cache_gb: float = 0.0, stream: bool = False
+    args: argparse.Namespace, store: Path, log: Path, ram_cache_gb: float = 0.0, stream: bool = True
 ) -> AbstractContextManager[str]:
     """`python -m bench.serve_hidden --serve ...` on a free loopback port; yields its URL, stopped on exit."""
     port = free_port()
     cmd = [sys.executable, "-m", "bench.serve_hidden", "--serve", "--store", str(store)]
     cmd += ["--port", str(port), "--hidden", str(args.hidden), "--dtype", args.dtype]
     cmd += ["--read-threads", str(args.read_threads), "--ram-cache-gb", str(ram_cache_gb)]
-    cmd += ["--stream"] if stream else []
+    cmd += [] if stream else ["--no-stream"]
     return running_child(cmd, port, log, cwd=REPO)
 
 
@@ -309,7 +310,7 @@ def run(args: argparse.Namespace) -> None:
         # The in-process read and the RAM-cache server use copies: one HiddenStore per namespace at a time.
         shutil.copytree(root, Path(tmp) / "store-copy")
         shutil.copytree(root, Path(tmp) / "store-ram")
-        shutil.copytree(root, Path(tmp) / "store-stream")
+        shutil.copytree(root, Path(tmp) / "store-buffer")
         store = stack.enter_context(open_store(Path(tmp) / "store-copy", info, args.read_threads))
         m = store.manifest(pid)
         if m is None:
@@ -320,10 +321,10 @@ def run(args: argparse.Namespace) -> None:
         ram_url = stack.enter_context(bench_server(args, Path(tmp) / "store-ram", Path(tmp) / "ram.log", 2.0))
         client = stack.enter_context(CacheClient(url))
         ram_client = stack.enter_context(CacheClient(ram_url))
-        stream_url = stack.enter_context(
-            bench_server(args, Path(tmp) / "store-stream", Path(tmp) / "s.log", stream=True)
+        buffer_url = stack.enter_context(
+            bench_server(args, Path(tmp) / "store-buffer", Path(tmp) / "s.log", stream=False)
         )
-        stream_client = stack.enter_context(CacheClient(stream_url))
+        buffer_client = stack.enter_context(CacheClient(buffer_url))
         ram_client.hidden(pid, layers)  # decoded once, kept
         plain = stack.enter_context(httpx.Client(base_url=url, timeout=120))
         query = {"prompt_id": pid, "layers": ",".join(map(str, layers))}
@@ -350,21 +351,21 @@ def run(args: argparse.Namespace) -> None:
             ),
             f"{E2E}: httpx .content": lambda: plain.get(hidden_path).content,
             PLAIN: lambda: client.hidden(pid, layers, encoding="safetensors"),
-            STREAMED: lambda: stream_client.hidden(pid, layers, encoding="safetensors"),
-            f"{E2E} --stream-hidden: http.client readinto, one buffer": stack.enter_context(
-                http_client_readinto(stream_url, hidden_path, nbytes, fresh=False)
+            ONE_BUFFER: lambda: buffer_client.hidden(pid, layers, encoding="safetensors"),
+            f"{E2E} --no-stream-hidden: http.client readinto, one buffer": stack.enter_context(
+                http_client_readinto(buffer_url, hidden_path, nbytes, fresh=False)
             ),
             RAM_HIT: lambda: ram_client.hidden(pid, layers, encoding="safetensors"),
             RANGE: lambda: client.hidden(pid, layers, start=960, stop=1088),
         }
         rows = interleaved_medians(paths, args.repeats)
         first_byte = first_byte_ms(url, hidden_path, args.repeats)
-        first_byte_streamed = first_byte_ms(stream_url, hidden_path, args.repeats)
+        first_byte_buffer = first_byte_ms(buffer_url, hidden_path, args.repeats)
         concurrent = {
             n: aggregate_gbps(url, pids[:n], layers, nbytes, args.repeats) for n in (1, 2, 4) if n <= len(pids)
         }
     report(args, nbytes, layers, load, rows)
-    print(f"first byte of GET /hidden: {first_byte:.1f} ms one buffer, {first_byte_streamed:.1f} ms streamed")
+    print(f"first byte of GET /hidden: {first_byte:.1f} ms streamed, {first_byte_buffer:.1f} ms one buffer")
     print("aggregate GET /hidden throughput, each client on its own prompt: "
           + ", ".join(f"{n} client(s) {gbps:.2f} GB/s" for n, gbps in concurrent.items()))  # fmt: skip
 
@@ -398,7 +399,7 @@ def main() -> None:
     p.add_argument("--read-threads", dest="read_threads", type=int, default=4, help="store and file read threads")
     p.add_argument("--prompts", type=int, default=4, help="prompts seeded (the concurrency rows use one each)")
     p.add_argument("--ram-cache-gb", dest="ram_cache_gb", type=float, default=0.0, help=argparse.SUPPRESS)
-    p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-stream", dest="stream", action="store_false", help=argparse.SUPPRESS)
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)

@@ -41,9 +41,8 @@ class ServeSettings(BaseSettings):
     wait_s: float = Field(default=30.0, gt=0, description="how long GET /hidden waits for a pending prompt")
     read_threads: int = Field(default=4, ge=1, description="threads decoding stored chunks")
     stream_hidden: bool = Field(
-        default=False,
-        description="send /hidden in row blocks while the next ones decode (off by default: on 2 cores its "
-        "gain is within the noise)",
+        default=True,
+        description="send /hidden in row blocks while the next ones decode (--no-stream-hidden: one buffer)",
     )
     ram_cache_gb: float = Field(
         default=0.0, ge=0, description="decoded layers kept in RAM so that repeated requests decode nothing (0: off)"

@@ -38,7 +38,7 @@ class HiddenStateService:
         metrics: Metrics,
         batch_tokens: int = 8192,
         wait_s: float = 30.0,
-        stream_hidden: bool = False,
+        stream_hidden: bool = True,
     ) -> None:
         self.target = target
         self.store = store

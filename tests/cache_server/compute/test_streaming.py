@@ -35,7 +35,7 @@ def test_a_streamed_body_is_the_one_buffer_body(
     tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: int | None, stop: int | None
 ) -> None:
     monkeypatch.setattr(chunks, "CHUNK_TOKENS", 16)  # 40 tokens: three chunks, so several blocks
-    with app_client(tiny_target, tmp_path / "store", stream_hidden=True) as client:
+    with app_client(tiny_target, tmp_path / "store") as client:  # streaming is the default
         [pid] = register_ready(client, [{"token_ids": TOKENS}])
         params = {"prompt_id": pid, "layers": "4,0,2", **({"start": start, "stop": stop} if start else {})}
         streamed = client.get("/hidden", params=params)
@@ -77,7 +77,7 @@ def test_a_buffer_a_transport_still_holds_is_never_reused(tmp_path: Path, monkey
 @pytest.mark.slow
 def test_slow_concurrent_clients_of_a_real_server_get_exact_bytes(tiny_target: Path, tmp_path: Path) -> None:
     tokens = [int(t) for t in np.random.default_rng(0).integers(3, 500, 3000)]  # 3 blocks of 1024 rows
-    with running_server(tiny_target, tmp_path / "store", "--stream-hidden") as url:
+    with running_server(tiny_target, tmp_path / "store") as url:
         pid = httpx.post(f"{url}/prompts", json={"prompts": [{"token_ids": tokens}]}).json()["prompts"][0]["prompt_id"]
         path = f"/hidden?prompt_id={pid}&layers=0,1,2,3,4,5"
         expected = httpx.get(f"{url}{path}", timeout=60).content  # 4.6 MB, computed and stored
