@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,30 @@ _BLOSC_HEADER = struct.Struct("<BBBBIII")
 _MEMCPYED = 0x02
 
 
+@contextmanager
+def _checked_chunk(chunks: BloscChunks, chunk: int) -> Iterator[tuple[int, tuple[int, ...]]]:
+    """An open chunk file and its Blosc header, checked against the file's size and the array."""
+    try:
+        fd = os.open(chunk_file(chunks.array_dir, chunk), os.O_RDONLY)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"chunk {chunk} is missing") from e
+    try:
+        size = os.fstat(fd).st_size
+        if size < _BLOSC_HEADER.size:
+            raise ValueError(f"chunk {chunk} is truncated to {size} bytes")
+        header = _BLOSC_HEADER.unpack(os.pread(fd, _BLOSC_HEADER.size, 0))
+        decoded, cbytes = header[4], header[6]
+        # Blosc trusts the header's cbytes: a truncated file must be caught before it decodes.
+        if cbytes != size or decoded != chunks.chunk_nbytes:
+            raise ValueError(
+                f"chunk {chunk} is damaged: {size} bytes on disk, its header says {cbytes} "
+                f"decoding to {decoded}, the array needs {chunks.chunk_nbytes}"
+            )
+        yield fd, header
+    finally:
+        os.close(fd)
+
+
 def _read_at(fd: int, into: memoryview, offset: int, chunk: int) -> None:
     """Fill `into` with the file's bytes from `offset` (ValueError if the file ends first)."""
     got = 0
@@ -142,22 +168,8 @@ class ChunkReader:
         header is wrong, which zarr would read as zeros or fail on less clearly.
         """
         nbytes, row_bytes = chunks.chunk_nbytes, chunks.width * chunks.dtype.itemsize
-        try:
-            fd = os.open(chunk_file(chunks.array_dir, chunk), os.O_RDONLY)
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f"chunk {chunk} is missing") from e
-        try:
-            size = os.fstat(fd).st_size
-            if size < _BLOSC_HEADER.size:
-                raise ValueError(f"chunk {chunk} is truncated to {size} bytes")
-            header = _BLOSC_HEADER.unpack(os.pread(fd, _BLOSC_HEADER.size, 0))
-            flags, decoded, blocksize, cbytes = header[2], header[4], header[5], header[6]
-            # Blosc trusts the header's cbytes: a truncated file must be caught before it decodes.
-            if cbytes != size or decoded != nbytes:
-                raise ValueError(
-                    f"chunk {chunk} is damaged: {size} bytes on disk, its header says {cbytes} "
-                    f"decoding to {decoded}, the array needs {nbytes}"
-                )
+        with _checked_chunk(chunks, chunk) as (fd, header):
+            flags, size, blocksize = header[2], header[6], header[5]
             if flags & _MEMCPYED:  # stored as is: read just the rows
                 rows = self._buffer("scratch", (hi - lo) * row_bytes)
                 _read_at(fd, memoryview(rows.data), _BLOSC_HEADER.size + lo * row_bytes, chunk)
@@ -174,8 +186,6 @@ class ChunkReader:
                 return
             src = memoryview(self._buffer("file", size).data)
             _read_at(fd, src, 0, chunk)
-        finally:
-            os.close(fd)
         # zarr sets numcodecs.blosc.use_threads = False on import, so each call decodes with its own
         # context and no global lock: the store's threads decode chunks in parallel.
         whole = lo == 0 and hi == chunks.chunk_rows and out.dtype == chunks.dtype and out.flags.c_contiguous
@@ -188,24 +198,15 @@ class ChunkReader:
         """Rows lo:hi of a chunk as stored, for a client that decodes: ("blosc", a Blosc chunk holding
         just the blocks those rows need, offset of row lo in what it decodes to), or for a chunk
         stored uncompressed ("raw", the rows' bytes, 0)."""
-        nbytes, row_bytes = chunks.chunk_nbytes, chunks.width * chunks.dtype.itemsize
-        try:
-            fd = os.open(chunk_file(chunks.array_dir, chunk), os.O_RDONLY)
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f"chunk {chunk} is missing") from e
-        try:
-            size = os.fstat(fd).st_size
-            header = _BLOSC_HEADER.unpack(os.pread(fd, _BLOSC_HEADER.size, 0)) if size >= _BLOSC_HEADER.size else None
-            if header is None or header[6] != size or header[4] != nbytes:
-                raise ValueError(f"chunk {chunk} is damaged: {size} bytes on disk, header {header}")
+        row_bytes = chunks.width * chunks.dtype.itemsize
+        with _checked_chunk(chunks, chunk) as (fd, header):
             if header[2] & _MEMCPYED:
                 rows = bytearray((hi - lo) * row_bytes)
                 _read_at(fd, memoryview(rows), _BLOSC_HEADER.size + lo * row_bytes, chunk)
                 return "raw", bytes(rows), 0
-            src, skip = _blocks_holding(fd, header, lo * row_bytes, hi * row_bytes, self._buffer("file", size), chunk)
-            return "blosc", bytes(src), skip
-        finally:
-            os.close(fd)
+            into = self._buffer("file", header[6])
+            src, skip = _blocks_holding(fd, header, lo * row_bytes, hi * row_bytes, into, chunk)
+            return "blosc", bytes(src), skip  # a copy: the thread's buffer is reused
 
     @staticmethod
     def _decode(src: memoryview, dest: np.ndarray, chunk: int) -> None:

@@ -235,11 +235,10 @@ class HiddenStore:
             cached = self._ram.get(self.fingerprint, prompt_id, k) if self._ram is not None else None
             pieces = None if cached is not None else self._reader.encoded(m, k, start, stop)
             if pieces is None:  # sent decoded: from RAM, or decoded here
-                rows = np.empty((stop - start, self.hidden_size), self._storage_dtype)
-                if cached is None:
+                rows = cached[start:stop] if cached is not None else None
+                if rows is None:
+                    rows = np.empty((stop - start, self.hidden_size), self._storage_dtype)
                     self._reader.read(m, [(k, rows, start, stop)])
-                else:
-                    rows[...] = cached[start:stop]
                 pieces = [(0, stop - start, "raw", rows.tobytes(), 0)]
             out.append(pieces)
         return out

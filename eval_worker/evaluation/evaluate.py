@@ -138,6 +138,7 @@ def _evaluate_group(
     wanted = [set(run.prompt_ids) for run in group]
     union = list(dict.fromkeys(p for run in group for p in run.prompt_ids))
     chunk: list[Fetched] = []
+    tokens = 0
     fetched = cache.iterate(source, union, layers)
     for item in tqdm(fetched, total=len(union), desc="eval", unit="prompt", disable=not opts.progress):
         readers = [run for run, ids in zip(group, wanted, strict=True) if item.prompt_id in ids]
@@ -148,9 +149,10 @@ def _evaluate_group(
             else:
                 run.cache_hits += 1
         chunk.append(item)
-        if sum(len(c.features.token_ids) for c in chunk) >= opts.group_tokens:
+        tokens += len(item.features.token_ids)
+        if tokens >= opts.group_tokens:
             _walk_chunk(chunk, group, wanted, embed, lm_head, fingerprint, opts)
-            chunk = []
+            chunk, tokens = [], 0
     if chunk:
         _walk_chunk(chunk, group, wanted, embed, lm_head, fingerprint, opts)
 
@@ -165,18 +167,20 @@ def _walk_chunk(
     opts: EvalOptions,
 ) -> None:
     top_k = max(opts.tree_budgets, default=1)
+    # On the drafter's device and dtype once, for every checkpoint of the group.
+    ready = {
+        item.prompt_id: PromptFeatures(
+            item.features.hidden.to(opts.device, opts.dtype),
+            item.features.token_ids.tolist(),
+            item.features.metadata.prompt_len,
+        )
+        for item in chunk
+    }
     for run, ids in zip(group, wanted, strict=True):
         mine = [item for item in chunk if item.prompt_id in ids]
         for item in mine:
             check_features(item.features, item.prompt_id, fingerprint, run.checkpoint)
-        prompts = [
-            PromptFeatures(
-                item.features.hidden.to(opts.device, opts.dtype),
-                item.features.token_ids.tolist(),
-                item.features.metadata.prompt_len,
-            )
-            for item in mine
-        ]
+        prompts = [ready[item.prompt_id] for item in mine]
         if not prompts:
             continue
         walked = walk_prompts(
