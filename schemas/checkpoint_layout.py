@@ -1,7 +1,8 @@
 """What a drafter checkpoint looks like on disk, for the server's job intake, `watch` and the loader.
 
-Two layouts: a Hugging Face directory holding `config.json` + `model.safetensors`, or a file that
-`torch.save` wrote, which is a zip archive whatever its extension (legacy pickles are refused).
+Two layouts: a Hugging Face directory holding `config.json` + `model.safetensors` (or, as older
+EAGLE checkpoints ship, `pytorch_model.bin`), or a file that `torch.save` wrote, which is a zip
+archive whatever its extension (legacy pickles are refused).
 """
 
 from __future__ import annotations
@@ -11,14 +12,19 @@ from pathlib import Path
 
 HF_CONFIG = "config.json"
 HF_WEIGHTS = "model.safetensors"
-HF_FILES = (HF_CONFIG, HF_WEIGHTS)
+HF_BIN_WEIGHTS = "pytorch_model.bin"
+HF_FILES = (HF_CONFIG, HF_WEIGHTS)  # what `watch` waits for in a DFlash directory
 # Names `watch` looks at for torch files; a submitted file of any name is accepted if it is a zip.
 TORCH_SUFFIXES = (".pt", ".pth")
 
 
 def is_hf_dir(path: Path) -> bool:
-    """A directory with both HF checkpoint files as regular files."""
-    return path.is_dir() and all((path / name).is_file() for name in HF_FILES)
+    """A directory with a config and a weights file as regular files."""
+    return (
+        path.is_dir()
+        and (path / HF_CONFIG).is_file()
+        and any((path / name).is_file() for name in (HF_WEIGHTS, HF_BIN_WEIGHTS))
+    )
 
 
 def is_torch_archive(path: Path) -> bool:

@@ -23,7 +23,10 @@ class PromptEval(BaseModel):
     prompt_len: int
     num_tokens: int
     chain: RoundTaus
-    trees: dict[int, RoundTaus] = Field(default_factory=dict, description="DDTree budget -> rounds")
+    trees: dict[int, RoundTaus] = Field(default_factory=dict, description="DDTree budget -> rounds (DFlash)")
+    eagle_trees: dict[str, RoundTaus] = Field(
+        default_factory=dict, description='EAGLE tree "TOPK,DEPTH,TOTAL" -> rounds (EAGLE-3)'
+    )
     greedy_mismatches: int | None = Field(
         default=None,
         description="response tokens that are not the target's greedy choice (cache server's check); "
@@ -73,6 +76,7 @@ class EvalSummary(BaseModel):
     model_config = ConfigDict(extra="forbid")
     chain: TauSummary
     trees: dict[int, TauSummary] = Field(default_factory=dict)
+    eagle_trees: dict[str, TauSummary] = Field(default_factory=dict)
     prompts_evaluated: int
     prompts_not_target_greedy: int = Field(
         default=0, description="prompts whose response is not the target's own greedy continuation"
@@ -82,20 +86,35 @@ class EvalSummary(BaseModel):
 
 
 class EvalReport(BaseModel):
-    """One checkpoint evaluated against one target: what was measured, how, and the results."""
+    """One checkpoint evaluated against one target: what was measured, how, and the results.
+
+    Reports written before EAGLE-3 support load as DFlash reports (the defaults below)."""
 
     model_config = ConfigDict(extra="forbid")
     checkpoint_path: str
     format: Literal["hf_dir", "torch_dict"]
+    drafter_family: Literal["dflash", "eagle3"] = "dflash"
+    layout: str = Field(default="dflash", description='"dflash", or an EAGLE-3 layout: eagle | specforge | speculators')
     step: int | None
     epoch: int | None
     target_name: str
     target_fingerprint: str
-    target_layer_ids: list[int]
-    layer_ids_source: Literal["checkpoint", "inferred", "override"]
-    block_size: int
-    mask_token_id: int
+    target_layer_ids: list[int] = Field(description="the target layers fetched: 0-based decoder outputs")
+    layer_ids_source: Literal["checkpoint", "default", "inferred", "override"]
+    checkpoint_layer_ids: list[int] | None = Field(default=None, description="the ids as the checkpoint writes them")
+    checkpoint_layer_convention: Literal["layer_input", "decoder_output_0based"] = Field(
+        default="decoder_output_0based",
+        description="how checkpoint_layer_ids were read: layer_input i is decoder output i - 1",
+    )
+    layer_convention_source: Literal["layout", "override"] = Field(
+        default="layout", description="the layout's convention, or --layer-convention"
+    )
+    block_size: int | None = Field(description="DFlash: drafted block length")
+    mask_token_id: int | None = Field(description="DFlash: the block's mask token")
+    steps: int | None = Field(default=None, description="EAGLE-3: chain drafts per round")
+    draft_vocab_size: int | None = Field(default=None, description="EAGLE-3: lm_head rows")
     tree_budgets: list[int]
+    eagle_trees: list[str] = Field(default_factory=list, description='EAGLE trees "TOPK,DEPTH,TOTAL"')
     device: str
     dtype: str
     prompts: list[PromptEval]

@@ -9,15 +9,82 @@ from typing import Literal
 from eval_worker.errors import CheckpointRefused
 from schemas.layers import layer_list_problem
 
-LayerIdsSource = Literal["checkpoint", "inferred", "override"]
+LayerIdsSource = Literal["checkpoint", "default", "inferred", "override"]
+LayerConvention = Literal["layer_input", "decoder_output_0based"]
+ConventionSource = Literal["layout", "override"]
 
 
 @dataclass(frozen=True)
 class ResolvedLayerIds:
-    """The target layers a drafter reads, and where they came from."""
+    """The target layers a drafter reads (the cache's convention: 0-based decoder outputs), where they came
+    from, and the ids as the checkpoint wrote them with the convention they were read in."""
 
     ids: tuple[int, ...]
     source: LayerIdsSource
+    checkpoint_ids: tuple[int, ...] | None = None
+    convention: LayerConvention = "decoder_output_0based"
+    convention_source: ConventionSource = "layout"
+
+
+def eagle3_default_layer_ids(num_target_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's default taps, layer inputs (2, L//2, L-3), as decoder outputs [1, L//2 - 1, L - 4]."""
+    n = num_target_layers
+    return (1, n // 2 - 1, n - 4)
+
+
+def to_decoder_outputs(ids: Sequence[int], convention: LayerConvention) -> tuple[int, ...]:
+    """Ids written in `convention` as the cache's decoder-output ids (layer input i = decoder output i-1)."""
+    if convention == "decoder_output_0based":
+        return tuple(ids)
+    if 0 in ids:
+        raise CheckpointRefused(
+            f"layer ids {list(ids)} in the layer-input convention include 0, the embeddings, which are not a "
+            "decoder layer's output and are not cached; if these ids are decoder outputs, pass "
+            "--layer-convention decoder_output_0based"
+        )
+    return tuple(i - 1 for i in ids)
+
+
+def resolve_eagle3_layer_ids(
+    *,
+    checkpoint_ids: Sequence[int] | None,
+    layout_convention: LayerConvention,
+    convention_override: LayerConvention | None,
+    override: Sequence[int] | None,
+    fc_width: int,
+    target_hidden_size: int,
+    num_target_layers: int,
+) -> ResolvedLayerIds:
+    """An EAGLE-3 checkpoint's ids in the cache's convention: its own (read in the layout's convention or
+    the override's), else `override` (already decoder outputs), else the EAGLE-3 defaults."""
+    convention = convention_override or layout_convention
+    how: ConventionSource = "override" if convention_override else "layout"
+    if checkpoint_ids is not None:
+        ids = to_decoder_outputs(checkpoint_ids, convention)
+        if override is not None and tuple(override) != ids:
+            raise CheckpointRefused(
+                f"layer ids override {list(override)} contradicts the checkpoint's ids {list(checkpoint_ids)} "
+                f"({convention}) = decoder outputs {list(ids)}"
+            )
+        resolved = ResolvedLayerIds(ids, "checkpoint", tuple(checkpoint_ids), convention, how)
+    elif override is not None:
+        resolved = ResolvedLayerIds(tuple(override), "override", None, convention, how)
+    else:
+        resolved = ResolvedLayerIds(eagle3_default_layer_ids(num_target_layers), "default", None, convention, how)
+    n = len(resolved.ids)
+    if fc_width != n * target_hidden_size:
+        raise CheckpointRefused(
+            f"fc.weight reads {fc_width} features, but the {resolved.source} layer ids {list(resolved.ids)} name "
+            f"{n} layers of target hidden size {target_hidden_size}: fc width must be {n} x {target_hidden_size} "
+            f"= {n * target_hidden_size}"
+        )
+    problem = layer_list_problem(resolved.ids, num_target_layers)
+    if problem is not None:
+        raise CheckpointRefused(
+            f"layer ids {list(resolved.ids)} (decoder outputs; {resolved.source}, read as {convention}) for a "
+            f"{num_target_layers}-layer target: {problem}"
+        )
+    return resolved
 
 
 def default_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -47,7 +114,7 @@ def resolve_layer_ids(
                 f"layer ids override {list(override)} contradicts the checkpoint's target_layer_ids "
                 f"{list(checkpoint_ids)}"
             )
-        resolved = ResolvedLayerIds(tuple(checkpoint_ids), "checkpoint")
+        resolved = ResolvedLayerIds(tuple(checkpoint_ids), "checkpoint", tuple(checkpoint_ids))
     elif override is not None:
         resolved = ResolvedLayerIds(tuple(override), "override")
     else:

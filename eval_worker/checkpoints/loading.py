@@ -1,9 +1,9 @@
-"""Load DFlash drafter checkpoints - strictly, or not at all.
+"""Load drafter checkpoints (DFlash or EAGLE-3, told apart by their config) - strictly, or not at all.
 
-Two layouts: a HF directory (`config.json` + `model.safetensors`, no remote code) and a `torch.save`
-dict `{"model_state_dict", "global_step", "epoch", "config"?}` read with `weights_only=True`.
-Anything that would not load with `strict=True` into a drafter fitting the target raises
-`CheckpointRefused` naming the tensor, the shapes and the layer ids.
+Two formats: a HF directory (`config.json` + `model.safetensors` or `pytorch_model.bin`, no remote
+code) and a `torch.save` dict `{"model_state_dict", "global_step", "epoch", "config"?}`, both read
+with `weights_only=True`. Anything that would not load with `strict=True` into a drafter fitting the
+target raises `CheckpointRefused` naming the tensor, the shapes and the layer ids.
 """
 
 from __future__ import annotations
@@ -21,31 +21,47 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
-from eval_worker.checkpoints.layer_ids import LayerIdsSource, resolve_layer_ids
+from eval_worker.checkpoints.eagle3_layouts import is_eagle3, read_layout
+from eval_worker.checkpoints.eagle3_loading import load_eagle3
+from eval_worker.checkpoints.layer_ids import LayerConvention, LayerIdsSource, ResolvedLayerIds, resolve_layer_ids
 from eval_worker.drafters.config import DrafterConfig
+from eval_worker.drafters.eagle3 import Eagle3Drafter
+from eval_worker.drafters.eagle3_config import Eagle3Config
 from eval_worker.drafters.model import DFlashDrafter
 from eval_worker.errors import CheckpointRefused
-from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS
+from schemas.checkpoint_layout import HF_BIN_WEIGHTS, HF_CONFIG, HF_WEIGHTS
 from schemas.layers import layer_list_problem
 from schemas.model import ModelInfo
 
 log = logging.getLogger(__name__)
 
 CheckpointFormat = Literal["hf_dir", "torch_dict"]
+Family = Literal["dflash", "eagle3"]
 
 
 @dataclass(frozen=True)
 class LoadedCheckpoint:
-    """A drafter loaded strictly for a target, with where its layer ids came from."""
+    """A drafter loaded strictly for a target, with its family, layout and where its layer ids came from."""
 
     path: Path
     format: CheckpointFormat
-    config: DrafterConfig
-    drafter: DFlashDrafter
-    target_layer_ids: tuple[int, ...]
-    layer_ids_source: LayerIdsSource
+    family: Family
+    layout: str  # "dflash", or the EAGLE-3 layout: "eagle" | "specforge" | "speculators"
+    config: DrafterConfig | Eagle3Config
+    drafter: DFlashDrafter | Eagle3Drafter
+    layer_ids: ResolvedLayerIds
     step: int | None
     epoch: int | None
+
+    @property
+    def target_layer_ids(self) -> tuple[int, ...]:
+        """The target layers fetched, as the cache serves them (0-based decoder outputs)."""
+        return self.layer_ids.ids
+
+    @property
+    def layer_ids_source(self) -> LayerIdsSource:
+        """Where those ids came from."""
+        return self.layer_ids.source
 
 
 @dataclass(frozen=True)
@@ -89,12 +105,35 @@ def load_checkpoint(
     config_path: Path | None = None,
     layer_ids_override: Sequence[int] | None = None,
     block_size_override: int | None = None,
+    layer_convention: LayerConvention | None = None,
 ) -> LoadedCheckpoint:
     """A drafter that fits `target`, loaded strictly from `path` (a HF dir or a torch.save file).
 
-    `layer_ids_override` is only for checkpoints that name no layers (one that contradicts them is
-    refused); `block_size_override` drafts a different block length than the config's."""
+    `layer_ids_override` (decoder outputs) is only for checkpoints that name no layers (one that
+    contradicts them is refused); `block_size_override` drafts a different DFlash block length than
+    the config's; `layer_convention` reads an EAGLE-3 checkpoint's ids in that convention."""
     raw = read_raw(path, config_path)
+    if is_eagle3(raw.config):
+        if block_size_override is not None:
+            raise CheckpointRefused(f"{path} is an EAGLE-3 drafter: --block-size applies to DFlash only")
+        layout = read_layout(raw.config)
+        loaded = load_eagle3(
+            raw.state, layout, target,
+            layer_ids_override=tuple(layer_ids_override) if layer_ids_override is not None else None,
+            convention_override=layer_convention,
+        )  # fmt: skip
+        ids = loaded.layer_ids
+        log.info(
+            "loaded EAGLE-3 (%s layout) %s checkpoint %s (step %s): layer ids %s as %s (%s) = target layers %s (%s)",
+            layout.layout, raw.format, path, raw.step, list(ids.checkpoint_ids or []), ids.convention,
+            ids.convention_source, list(ids.ids), ids.source,
+        )  # fmt: skip
+        return LoadedCheckpoint(
+            path, raw.format, "eagle3", layout.layout, layout.config, loaded.drafter, ids, raw.step, raw.epoch
+        )
+    if layer_convention is not None:
+        raise CheckpointRefused(f"{path} is a DFlash drafter: its ids are decoder outputs; --layer-convention "
+                                "applies to EAGLE-3 only")  # fmt: skip
     cfg = DrafterConfig.from_hf_dict(raw.config, block_size=block_size_override)
     _check_target_fit(cfg, target)
     _check_key_set(raw.state, expected_shapes(cfg, 1))
@@ -116,7 +155,7 @@ def load_checkpoint(
         "loaded %s checkpoint %s (step %s): target_layer_ids %s from %s, block_size %d",
         raw.format, path, raw.step, list(layer_ids.ids), layer_ids.source, cfg.block_size,
     )  # fmt: skip
-    return LoadedCheckpoint(path, raw.format, cfg, drafter, layer_ids.ids, layer_ids.source, raw.step, raw.epoch)
+    return LoadedCheckpoint(path, raw.format, "dflash", "dflash", cfg, drafter, layer_ids, raw.step, raw.epoch)
 
 
 def read_raw(path: Path, config_path: Path | None = None) -> RawCheckpoint:
@@ -127,27 +166,41 @@ def read_raw(path: Path, config_path: Path | None = None) -> RawCheckpoint:
 
 
 def _read_hf_dir(path: Path, config_path: Path | None) -> RawCheckpoint:
-    weights = path / HF_WEIGHTS
-    if not weights.is_file():
-        raise CheckpointRefused(f"{path} has no {HF_WEIGHTS} (sharded or .bin checkpoints are not supported)")
-    try:
-        state = load_file(weights)
-    except SafetensorError as exc:
-        raise CheckpointRefused(f"{weights} is not a readable safetensors file: {exc}") from exc
+    weights, legacy = path / HF_WEIGHTS, path / HF_BIN_WEIGHTS
+    if weights.is_file():
+        try:
+            state = load_file(weights)
+        except SafetensorError as exc:
+            raise CheckpointRefused(f"{weights} is not a readable safetensors file: {exc}") from exc
+    elif legacy.is_file():
+        state = _tensors(_torch_load(legacy), legacy)
+    else:
+        raise CheckpointRefused(f"{path} has neither {HF_WEIGHTS} nor {HF_BIN_WEIGHTS} (sharded checkpoints are "
+                                "not supported)")  # fmt: skip
     return RawCheckpoint("hf_dir", state, _read_json(config_path or path / HF_CONFIG), None, None)
 
 
-def _read_torch_dict(path: Path, config_path: Path | None) -> RawCheckpoint:
+def _torch_load(path: Path) -> Any:
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as exc:
         raise CheckpointRefused(f"{path} does not load with torch.load(weights_only=True): {exc}") from exc
-    if not isinstance(obj, Mapping) or not isinstance(obj.get("model_state_dict"), Mapping):
-        raise CheckpointRefused(f"{path} is not a dict with a 'model_state_dict' mapping")
-    state = dict(obj["model_state_dict"])
+
+
+def _tensors(state: Any, path: Path) -> dict[str, Tensor]:
+    if not isinstance(state, Mapping):
+        raise CheckpointRefused(f"{path} does not hold a mapping of tensors")
     not_tensors = [k for k, v in state.items() if not isinstance(v, Tensor)]
     if not_tensors:
-        raise CheckpointRefused(f"{path}: model_state_dict entries {not_tensors} are not tensors")
+        raise CheckpointRefused(f"{path}: entries {not_tensors} are not tensors")
+    return dict(state)
+
+
+def _read_torch_dict(path: Path, config_path: Path | None) -> RawCheckpoint:
+    obj = _torch_load(path)
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("model_state_dict"), Mapping):
+        raise CheckpointRefused(f"{path} is not a dict with a 'model_state_dict' mapping")
+    state = _tensors(obj["model_state_dict"], path)
     if config_path is not None:
         config = _read_json(config_path)
     elif isinstance(obj.get("config"), Mapping):
@@ -176,7 +229,15 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def check_fits_target(checkpoint: LoadedCheckpoint, target: ModelInfo) -> None:
     """Re-check a loaded checkpoint against a (possibly different) target description."""
-    _check_target_fit(checkpoint.config, target)
+    cfg = checkpoint.config
+    if isinstance(cfg, Eagle3Config):
+        if (cfg.target_hidden_size, cfg.vocab_size) != (target.hidden_size, target.vocab_size):
+            raise CheckpointRefused(
+                f"EAGLE-3 drafter reads taps of width {cfg.target_hidden_size} over a vocab of {cfg.vocab_size}; "
+                f"target {target.name!r} has {target.hidden_size} and {target.vocab_size}"
+            )
+    else:
+        _check_target_fit(cfg, target)
     problem = layer_list_problem(checkpoint.target_layer_ids, target.num_layers)
     if problem is not None:
         raise CheckpointRefused(

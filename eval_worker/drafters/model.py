@@ -105,11 +105,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU feed-forward."""
 
-    def __init__(self, cfg: DrafterConfig) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_proj: nn.Linear = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj: nn.Linear = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj: nn.Linear = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj: nn.Linear = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj: nn.Linear = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj: nn.Linear = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         """x [..., H] -> [..., H]."""
@@ -122,7 +122,7 @@ class DrafterLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
         self.self_attn: Attention = Attention(cfg)
-        self.mlp: MLP = MLP(cfg)
+        self.mlp: MLP = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm: RMSNorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm: RMSNorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

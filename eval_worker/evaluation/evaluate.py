@@ -1,4 +1,5 @@
-"""Evaluate drafter checkpoints over cached prompts: chain tau and DDTree tau per budget.
+"""Evaluate drafter checkpoints over cached prompts: chain tau, and tree tau (DDTree budgets for
+DFlash, EAGLE's dynamic trees for EAGLE-3).
 
 Features and heads come from an injected `FeatureSource`; every check happens before any math. The
 checkpoints of a sweep that read the same layers share one pass over the prompts: each prompt's
@@ -17,19 +18,26 @@ from tqdm import tqdm
 
 from cache_server.torch_utils import dtype_name
 from eval_worker.checkpoints.loading import LoadedCheckpoint, check_fits_target
+from eval_worker.drafters.config import DrafterConfig
+from eval_worker.drafters.eagle3 import Eagle3Drafter
+from eval_worker.drafters.eagle3_config import Eagle3Config
 from eval_worker.evaluation.checks import check_features, check_heads
+from eval_worker.evaluation.eagle_walks import CHAIN as EAGLE_CHAIN
+from eval_worker.evaluation.eagle_walks import walk_eagle_prompts
 from eval_worker.evaluation.feature_cache import FeatureCache, Fetched
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.evaluation.walks import CHAIN, DraftCost, PromptFeatures, walk_prompts
+from eval_worker.scoring.eagle_tree import EagleTreeShape
 from eval_worker.scoring.summary import round_taus, summarize
 from schemas.model import ModelInfo
-from schemas.report import EvalCost, EvalReport, EvalSeconds, EvalSummary, PromptEval
+from schemas.report import EvalCost, EvalReport, EvalSeconds, EvalSummary, PromptEval, RoundTaus
 
 log = logging.getLogger(__name__)
 
 _WHY = {
     "checkpoint": "checkpoint - its target_layer_ids",
+    "default": "default - the EAGLE-3 taps (layer inputs 2, L//2, L-3), the checkpoint names no layers",
     "inferred": "inferred - DFlash tap formula on fc.weight's width, the checkpoint names no layers",
     "override": "override - given explicitly, the checkpoint names no layers",
 }
@@ -37,9 +45,11 @@ _WHY = {
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """How to evaluate: tree budgets, where and in which dtype the drafter runs, batching, progress."""
+    """How to evaluate: trees and chain length, where and in which dtype the drafter runs, batching, progress."""
 
-    tree_budgets: tuple[int, ...] = ()
+    tree_budgets: tuple[int, ...] = ()  # DDTree budgets (DFlash)
+    eagle_trees: tuple[EagleTreeShape, ...] = ()  # EAGLE trees (EAGLE-3)
+    steps: int | None = None  # EAGLE-3 chain drafts per round (None: the checkpoint's, else 5)
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
     group_tokens: int = 8192  # prompt tokens whose walks are drafted together (each block reads its own context)
@@ -59,6 +69,16 @@ class _Run:
     fetched_bytes: int = 0
     cache_hits: int = 0
     fetch_s: float = 0.0
+
+    @property
+    def is_eagle3(self) -> bool:
+        return self.checkpoint.family == "eagle3"
+
+    def steps(self, opts: EvalOptions) -> int:
+        """EAGLE-3 chain drafts per round: the option, else the checkpoint's own, else 5."""
+        cfg = self.checkpoint.config
+        own = cfg.speculative_tokens if isinstance(cfg, Eagle3Config) else None
+        return opts.steps or own or 5
 
 
 def evaluate(
@@ -183,17 +203,31 @@ def _walk_chunk(
         prompts = [ready[item.prompt_id] for item in mine]
         if not prompts:
             continue
-        walked = walk_prompts(
-            run.checkpoint.drafter, prompts, embed, lm_head,
-            tree_budgets=opts.tree_budgets, top_k=top_k, cost=run.cost, max_blocks=opts.max_blocks,
-        )  # fmt: skip
-        for item, prompt, taus in zip(mine, prompts, walked, strict=True):
+        drafter = run.checkpoint.drafter
+        if isinstance(drafter, Eagle3Drafter):
+            walked = walk_eagle_prompts(
+                drafter, prompts, drafter.embed_tokens.weight if drafter.has_embed else embed,
+                steps=run.steps(opts), trees=opts.eagle_trees, cost=run.cost, max_rounds=opts.max_blocks,
+            )  # fmt: skip
+            chains = [taus[EAGLE_CHAIN] for taus in walked]
+            eagle = [{t.key: round_taus(taus[t.key]) for t in opts.eagle_trees} for taus in walked]
+            ddtrees: list[dict[int, RoundTaus]] = [{} for _ in walked]
+        else:
+            dflash = walk_prompts(
+                drafter, prompts, embed, lm_head,
+                tree_budgets=opts.tree_budgets, top_k=top_k, cost=run.cost, max_blocks=opts.max_blocks,
+            )  # fmt: skip
+            chains = [taus[CHAIN] for taus in dflash]
+            ddtrees = [{b: round_taus(taus[b]) for b in opts.tree_budgets} for taus in dflash]
+            eagle = [{} for _ in dflash]
+        for i, (item, prompt) in enumerate(zip(mine, prompts, strict=True)):
             run.results[item.prompt_id] = PromptEval(
                 prompt_id=item.prompt_id,
                 prompt_len=prompt.prompt_len,
                 num_tokens=len(prompt.token_ids),
-                chain=round_taus(taus[CHAIN]),
-                trees={b: round_taus(taus[b]) for b in opts.tree_budgets},
+                chain=round_taus(chains[i]),
+                trees=ddtrees[i],
+                eagle_trees=eagle[i],
                 greedy_mismatches=item.features.metadata.greedy_mismatches,
             )
 
@@ -216,27 +250,40 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
         feature_cache_hits=run.cache_hits,
         seconds=EvalSeconds(fetch=run.fetch_s, draft=run.cost.draft_s, walk=run.cost.walk_s),
     )
+    eagle3 = run.is_eagle3
+    budgets = [] if eagle3 else list(opts.tree_budgets)
+    eagle_trees = [t.key for t in opts.eagle_trees] if eagle3 else []
     summary = EvalSummary(
         chain=summarize([r.chain for r in results]),
-        trees={b: summarize([r.trees[b] for r in results]) for b in opts.tree_budgets},
+        trees={b: summarize([r.trees[b] for r in results]) for b in budgets},
+        eagle_trees={k: summarize([r.eagle_trees[k] for r in results]) for k in eagle_trees},
         prompts_evaluated=len(results),
         prompts_not_target_greedy=len(not_greedy),
         wall_time_s=time.perf_counter() - run.started,
         cost=cost,
     )
     log.info("%s: chain tau %s over %d prompts", checkpoint.path, summary.chain.mean_tau, len(results))
+    cfg, ids = checkpoint.config, checkpoint.layer_ids
     return EvalReport(
         checkpoint_path=str(checkpoint.path),
         format=checkpoint.format,
+        drafter_family=checkpoint.family,
+        layout=checkpoint.layout,
         step=checkpoint.step,
         epoch=checkpoint.epoch,
         target_name=info.name,
         target_fingerprint=info.fingerprint,
-        target_layer_ids=list(checkpoint.target_layer_ids),
-        layer_ids_source=checkpoint.layer_ids_source,
-        block_size=checkpoint.config.block_size,
-        mask_token_id=checkpoint.config.mask_token_id,
-        tree_budgets=list(opts.tree_budgets),
+        target_layer_ids=list(ids.ids),
+        layer_ids_source=ids.source,
+        checkpoint_layer_ids=list(ids.checkpoint_ids) if ids.checkpoint_ids is not None else None,
+        checkpoint_layer_convention=ids.convention,
+        layer_convention_source=ids.convention_source,
+        block_size=cfg.block_size if isinstance(cfg, DrafterConfig) else None,
+        mask_token_id=cfg.mask_token_id if isinstance(cfg, DrafterConfig) else None,
+        steps=run.steps(opts) if eagle3 else None,
+        draft_vocab_size=cfg.draft_vocab_size if isinstance(cfg, Eagle3Config) else None,
+        tree_budgets=budgets,
+        eagle_trees=eagle_trees,
         device=str(opts.device),
         dtype=dtype_name(opts.dtype),
         prompts=results,

@@ -19,16 +19,23 @@ def _tau(s: TauSummary | None) -> str:
 
 
 def compare_table(reports: Sequence[EvalReport]) -> str:
-    """One row per report (by step): layers, prompts, chain tau and each DDTree tau."""
+    """One row per report (by step): family, layers, prompts, chain tau, each DDTree and EAGLE tree tau.
+
+    A family's tree columns are blank for the other family: DDTree needs a DFlash block, EAGLE trees an
+    EAGLE-3 step."""
     budgets = sorted({b for r in reports for b in r.summary.trees})
-    head = f"{'step':>8}  {'checkpoint':<32} {'layers':<22} {'prompts':>7} {'chain':>7}"
+    shapes = sorted({k for r in reports for k in r.summary.eagle_trees}, key=lambda k: [int(x) for x in k.split(",")])
+    head = f"{'step':>8}  {'checkpoint':<32} {'family':<7} {'layers':<22} {'prompts':>7} {'chain':>7}"
     head += "".join(f" {'ddtree-' + str(b):>10}" for b in budgets)
+    head += "".join(f" {'eagle-' + k:>14}" for k in shapes)
     lines = [head]
     for r in sorted(reports, key=by_step):
         step = "-" if r.step is None else str(r.step)
         name = Path(r.checkpoint_path).name[-32:]
-        row = f"{step:>8}  {name:<32} {r.target_layer_ids!s:<22} {r.summary.prompts_evaluated:>7} "
-        row += f"{_tau(r.summary.chain):>7}" + "".join(f" {_tau(r.summary.trees.get(b)):>10}" for b in budgets)
+        row = f"{step:>8}  {name:<32} {r.drafter_family:<7} {r.target_layer_ids!s:<22} "
+        row += f"{r.summary.prompts_evaluated:>7} {_tau(r.summary.chain):>7}"
+        row += "".join(f" {_tau(r.summary.trees.get(b)):>10}" for b in budgets)
+        row += "".join(f" {_tau(r.summary.eagle_trees.get(k)):>14}" for k in shapes)
         lines.append(row)
     targets = {r.target_fingerprint for r in reports}
     if len(targets) > 1:
@@ -36,9 +43,16 @@ def compare_table(reports: Sequence[EvalReport]) -> str:
     return "\n".join(lines)
 
 
-def acceptance_curve(summary: TauSummary, block_size: int) -> list[float]:
-    """P(round tau >= k) for k = 1..block_size, from the round histogram."""
+def max_round_tau(report: EvalReport) -> int:
+    """The most a chain round can score: a DFlash block's length, or EAGLE-3's steps + 1."""
+    if report.block_size is not None:
+        return report.block_size
+    return (report.steps or 0) + 1
+
+
+def acceptance_curve(summary: TauSummary, longest: int) -> list[float]:
+    """P(round tau >= k) for k = 1..longest, from the round histogram."""
     rounds = summary.total_rounds
     if not rounds:
-        return [0.0] * block_size
-    return [sum(n for tau, n in summary.histogram.items() if tau >= k) / rounds for k in range(1, block_size + 1)]
+        return [0.0] * longest
+    return [sum(n for tau, n in summary.histogram.items() if tau >= k) / rounds for k in range(1, longest + 1)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from eval_worker.reports.compare import acceptance_curve, by_step
+from eval_worker.reports.compare import acceptance_curve, by_step, max_round_tau
 from schemas.report import EvalReport
 
 
@@ -19,16 +19,23 @@ def plot(reports: Sequence[EvalReport], out: Path) -> None:
     ordered = sorted(reports, key=by_step)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     steps = [r.step if r.step is not None else i for i, r in enumerate(ordered)]
-    left.plot(steps, [r.summary.chain.mean_tau for r in ordered], "o-", label="chain")
-    for b in sorted({b for r in ordered for b in r.summary.trees}):
-        pts = [(s, r.summary.trees[b].mean_tau) for s, r in zip(steps, ordered, strict=True) if b in r.summary.trees]
-        left.plot([p[0] for p in pts], [p[1] for p in pts], "s--", label=f"DDTree-{b}")
+    for family in sorted({r.drafter_family for r in ordered}):
+        mine = [(s, r) for s, r in zip(steps, ordered, strict=True) if r.drafter_family == family]
+        left.plot([s for s, _ in mine], [r.summary.chain.mean_tau for _, r in mine], "o-", label=f"{family} chain")
+        trees = {f"DDTree-{b}": (lambda r, b=b: r.summary.trees.get(b)) for r in ordered for b in r.summary.trees}
+        trees |= {
+            f"EAGLE-{k}": (lambda r, k=k: r.summary.eagle_trees.get(k)) for r in ordered for k in r.summary.eagle_trees
+        }
+        for label, pick in sorted(trees.items()):
+            pts = [(s, t.mean_tau) for s, r in mine if (t := pick(r)) is not None]
+            if pts:
+                left.plot([p[0] for p in pts], [p[1] for p in pts], "s--", label=f"{family} {label}")
     left.set(xlabel="training step", ylabel="tau (mean acceptance length)", title="tau vs step")
     left.grid(alpha=0.3)
     left.legend()
     for s, r in zip(steps, ordered, strict=True):
-        curve = acceptance_curve(r.summary.chain, r.block_size)
-        right.plot(range(1, len(curve) + 1), curve, "o-", label=f"step {s}")
+        curve = acceptance_curve(r.summary.chain, max_round_tau(r))
+        right.plot(range(1, len(curve) + 1), curve, "o-", label=f"{r.drafter_family} step {s}")
     right.set(
         xlabel="k (tokens accepted in a round, bonus included)",
         ylabel="fraction of rounds with tau >= k",

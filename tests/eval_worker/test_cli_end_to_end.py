@@ -60,7 +60,7 @@ def test_evaluate_against_a_real_server_matches_in_process_ground_truth(
     assert main([*argv, "--out", str(out)]) == 0
     report = EvalReport.model_validate_json(out.read_text())
     printed = capsys.readouterr().out
-    assert "chain" in printed and "ddtree-3" in printed and "[1, 3, 5] (checkpoint)" in printed
+    assert "chain" in printed and "ddtree-3" in printed and "[1, 3, 5] (decoder outputs; checkpoint)" in printed
 
     truth = evaluate(
         TinySource(target, target_info, sequences),

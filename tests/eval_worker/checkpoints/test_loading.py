@@ -179,7 +179,7 @@ def test_layer_ids_override_when_checkpoint_has_none(tmp_path: Path) -> None:
 def test_hf_dir_without_weights_is_refused(tmp_path: Path) -> None:
     ckpt = _hf_dir(tmp_path)
     (ckpt / "model.safetensors").unlink()
-    with pytest.raises(CheckpointRefused, match=r"no model\.safetensors"):
+    with pytest.raises(CheckpointRefused, match=r"neither model\.safetensors nor pytorch_model\.bin"):
         load_checkpoint(ckpt, TARGET)
 
 

@@ -54,7 +54,7 @@ def test_submit_wait_watch_and_compare(
     argv = ["submit", str(first), "--server", url, "--checkpoint-root", str(root), "--tree-budget", "4", "--wait"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "v1/step_10.pt" in out and "ddtree-4" in out and "[1, 3, 5] (checkpoint)" in out
+    assert "v1/step_10.pt" in out and "ddtree-4" in out and "[1, 3, 5] (decoder outputs; checkpoint)" in out
 
     save_torch_checkpoint(root / "v1" / "step_20.pt", drafter, global_step=20, epoch=0)
     save_hf_checkpoint(root / "v1" / "hf_30", drafter)

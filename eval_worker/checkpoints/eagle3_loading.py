@@ -1,0 +1,156 @@
+"""Load EAGLE-3 drafters strictly: every tensor accounted for, every shape checked, before any math.
+
+The layout (`eagle3_layouts`) says what the config means; this module checks the tensors against it and
+the target: fc width against the layer ids, the vocabularies (a draft vocab smaller than the target's
+needs `d2t`), the embedding (borrowed from the target only when widths agree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from eval_worker.checkpoints.eagle3_layouts import Eagle3Layout
+from eval_worker.checkpoints.layer_ids import LayerConvention, ResolvedLayerIds, resolve_eagle3_layer_ids
+from eval_worker.drafters.eagle3 import Eagle3Drafter
+from eval_worker.drafters.eagle3_config import Eagle3Config
+from eval_worker.errors import CheckpointRefused
+from schemas.model import ModelInfo
+
+_LAYER = "midlayer."
+
+
+@dataclass(frozen=True)
+class Eagle3Load:
+    """A strictly loaded EAGLE-3 drafter and its layer ids."""
+
+    drafter: Eagle3Drafter
+    layer_ids: ResolvedLayerIds
+
+
+def expected_shapes(cfg: Eagle3Config, num_taps: int) -> dict[str, tuple[int, ...]]:
+    """The tensors every EAGLE-3 drafter of `cfg` has (EAGLE key names), before optional ones."""
+    h, d, inter, ht = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.target_hidden_size
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (h, num_taps * ht),
+        _LAYER + "self_attn.q_proj.weight": (nh * d, 2 * h),
+        _LAYER + "self_attn.k_proj.weight": (nkv * d, 2 * h),
+        _LAYER + "self_attn.v_proj.weight": (nkv * d, 2 * h),
+        _LAYER + "self_attn.o_proj.weight": (h, nh * d),
+        _LAYER + "mlp.gate_proj.weight": (inter, h),
+        _LAYER + "mlp.up_proj.weight": (inter, h),
+        _LAYER + "mlp.down_proj.weight": (h, inter),
+        _LAYER + "hidden_norm.weight": (h,),
+        _LAYER + "input_layernorm.weight": (h,),
+        _LAYER + "post_attention_layernorm.weight": (h,),
+        "norm.weight": (h,),
+        "lm_head.weight": (cfg.draft_vocab_size, h),
+    }
+    if cfg.qk_norm:
+        shapes |= {_LAYER + "self_attn.q_norm.weight": (d,), _LAYER + "self_attn.k_norm.weight": (d,)}
+    if cfg.feature_norm == "concat":
+        shapes["input_norm.weight"] = (num_taps * ht,)
+    elif cfg.feature_norm == "per_tap":
+        shapes |= {f"fc_norm.{i}.weight": (ht,) for i in range(num_taps)}
+    return shapes
+
+
+def load_eagle3(
+    state: Mapping[str, Tensor],
+    layout: Eagle3Layout,
+    target: ModelInfo,
+    *,
+    layer_ids_override: tuple[int, ...] | None = None,
+    convention_override: LayerConvention | None = None,
+) -> Eagle3Load:
+    """The drafter `state` (keys as the layout names them) holds, for `target`, or CheckpointRefused."""
+    cfg = layout.config
+    _check_target(cfg, target)
+    state = {(_LAYER + k[len(layout.key_prefix) :] if k.startswith(layout.key_prefix) else k): v
+             for k, v in state.items()}  # fmt: skip
+    fc = state.get("fc.weight")
+    if fc is None or fc.dim() != 2:
+        raise CheckpointRefused(f"the {layout.layout} checkpoint has no 2-d fc.weight")
+    layer_ids = resolve_eagle3_layer_ids(
+        checkpoint_ids=layout.layer_ids,
+        layout_convention=layout.convention,
+        convention_override=convention_override,
+        override=layer_ids_override,
+        fc_width=fc.shape[1],
+        target_hidden_size=cfg.target_hidden_size,
+        num_target_layers=target.num_layers,
+    )
+    expected = expected_shapes(cfg, len(layer_ids.ids))
+    optional = {"d2t", "t2d", "embed_tokens.weight"}
+    missing = [k for k in expected if k not in state]
+    unknown = sorted(k for k in state if k not in expected and k not in optional)
+    if missing or unknown:
+        raise CheckpointRefused(
+            f"{layout.layout} EAGLE-3 state dict does not match its config: missing keys {missing}, "
+            f"unknown keys {unknown}"
+        )
+    for name, shape in expected.items():
+        _check_tensor(state, name, shape)
+    has_embed = "embed_tokens.weight" in state
+    if has_embed:
+        _check_tensor(state, "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+    elif cfg.hidden_size != cfg.target_hidden_size:
+        raise CheckpointRefused(
+            f"the checkpoint has no embed_tokens.weight and its hidden size {cfg.hidden_size} differs from the "
+            f"target's {cfg.target_hidden_size}, so the target's embedding cannot stand in for it"
+        )
+    weights = {k: v for k, v in state.items() if k != "t2d"}
+    weights["d2t"] = _d2t(state, cfg)
+    if "t2d" in state and (tuple(state["t2d"].shape) != (cfg.vocab_size,) or state["t2d"].dtype != torch.bool):
+        raise CheckpointRefused(
+            f"t2d has shape {list(state['t2d'].shape)} and dtype {state['t2d'].dtype}, expected bool [{cfg.vocab_size}]"
+        )
+    drafter = Eagle3Drafter(cfg, len(layer_ids.ids), has_embed=has_embed)
+    try:
+        drafter.load_state_dict(weights, strict=True)
+    except RuntimeError as exc:  # unreachable after the checks above, but never continue on a bad load
+        raise CheckpointRefused(f"load_state_dict(strict=True) failed: {exc}") from exc
+    return Eagle3Load(drafter.eval(), layer_ids)
+
+
+def _check_target(cfg: Eagle3Config, target: ModelInfo) -> None:
+    if cfg.target_hidden_size != target.hidden_size:
+        raise CheckpointRefused(
+            f"the drafter reads taps of width {cfg.target_hidden_size} (target_hidden_size, else hidden_size); "
+            f"target {target.name!r} has hidden size {target.hidden_size}"
+        )
+    if cfg.vocab_size != target.vocab_size:
+        raise CheckpointRefused(
+            f"drafter vocab_size {cfg.vocab_size} != target {target.name!r} vocab_size {target.vocab_size}"
+        )
+
+
+def _check_tensor(state: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) -> None:
+    got = tuple(state[name].shape)
+    if got != shape:
+        raise CheckpointRefused(f"tensor {name} has shape {list(got)}, the config needs {list(shape)}")
+    if not state[name].is_floating_point():
+        raise CheckpointRefused(f"tensor {name} has dtype {state[name].dtype}, expected a float dtype")
+
+
+def _d2t(state: Mapping[str, Tensor], cfg: Eagle3Config) -> Tensor:
+    """The draft-to-target offsets, checked to map the draft vocab one-to-one into the target vocab."""
+    vd, v = cfg.draft_vocab_size, cfg.vocab_size
+    d2t = state.get("d2t")
+    if d2t is None:
+        if vd < v:
+            raise CheckpointRefused(
+                f"the draft vocab ({vd} = lm_head.weight rows) is smaller than the target vocab ({v}) and the "
+                "checkpoint has no d2t to map draft ids to target ids"
+            )
+        return torch.zeros(vd, dtype=torch.long)
+    if tuple(d2t.shape) != (vd,) or d2t.is_floating_point() or d2t.dtype == torch.bool:
+        raise CheckpointRefused(f"d2t has shape {list(d2t.shape)} and dtype {d2t.dtype}, expected integer [{vd}]")
+    targets = torch.arange(vd) + d2t.long()
+    if int(targets.min()) < 0 or int(targets.max()) >= v or targets.unique().numel() != vd:
+        raise CheckpointRefused(f"d2t maps draft ids outside the target vocab [0, {v}) or two onto one target id")
+    return d2t.long()

@@ -1,0 +1,35 @@
+"""The EAGLE-3 drafter's shape and the switches that change its math, one layout-independent record.
+
+The three published layouts (EAGLE, SpecForge, speculators) spell these differently; the parsers in
+`eval_worker.checkpoints.eagle3_layouts` translate each into this one record, so the model code has
+a single meaning for every switch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FeatureNorm = Literal["none", "concat", "per_tap"]
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """One Llama-style decoder layer whose attention reads `cat(embedding, hidden)` (2H wide)."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int  # the target's vocabulary (embedding rows, `t2d` length)
+    draft_vocab_size: int  # lm_head rows; a draft id d is target id d + d2t[d]
+    target_hidden_size: int  # width of one tap; fc is [hidden, taps * target_hidden]
+    qk_norm: bool = False  # per-head RMSNorm on q and k (a Qwen3 layer)
+    norm_before_residual: bool = False  # the residual is hidden_norm(h), not h
+    feature_norm: FeatureNorm = "none"  # RMSNorm on the taps before fc: over the concatenation, or per tap
+    logits_from_norm: bool = True  # logits = lm_head(norm(x)); False: lm_head(x)
+    feed_normed: bool = False  # later steps read norm(x) instead of x (EAGLE 3.1)
+    speculative_tokens: int | None = None  # the layout's own chain length, when it names one

@@ -1,0 +1,80 @@
+"""EAGLE's dynamic draft tree (`topK_genrate` in SafeAILab/EAGLE), its shape options and its greedy walk.
+
+Drafting gathers, per round, the cumulative log-probs and target ids of every candidate it scored:
+`top_k` first-level candidates, then `top_k * top_k` per expansion (`depth` expansions, so paths are up
+to depth + 1 drafts long), and for each group of `top_k` candidates the flat index + 1 of the node it
+expanded (0 = the root). The tree keeps the best `total_tokens - 1` candidates (plus the root), each
+attached to its parent by the same `searchsorted` EAGLE uses. Greedy verification follows the child
+whose token is the target's greedy token; the round scores the matched nodes + 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True, order=True)
+class EagleTreeShape:
+    """EAGLE's `top_k`, `depth` and `total_token` (nodes, root included)."""
+
+    top_k: int
+    depth: int
+    total_tokens: int
+
+    @property
+    def key(self) -> str:
+        """How reports name it: "TOPK,DEPTH,TOTAL"."""
+        return f"{self.top_k},{self.depth},{self.total_tokens}"
+
+    @classmethod
+    def parse(cls, text: str) -> EagleTreeShape:
+        """ "10,7,60" -> the shape; refuses shapes EAGLE's selection cannot fill."""
+        parts = text.split(",")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"an EAGLE tree is TOPK,DEPTH,TOTAL (three positive integers), got {text!r}")
+        shape = cls(*(int(p) for p in parts))
+        shape.check()
+        return shape
+
+    def check(self) -> None:
+        """Raise ValueError unless every number is in range for `topK_genrate`."""
+        k, d, total = self.top_k, self.depth, self.total_tokens
+        candidates = k + d * k * k
+        if k < 1 or d < 0 or total < 2 or total - 1 > candidates:
+            raise ValueError(
+                f"EAGLE tree {self.key}: need top_k >= 1, depth >= 0 and 2 <= total_tokens <= 1 + "
+                f"top_k + depth * top_k^2 (= {1 + candidates}, the candidates drafted)"
+            )
+
+
+@dataclass(frozen=True)
+class EagleTree:
+    """Node i+1 carries `tokens[i]` and hangs under node `parents[i]` (node 0 is the root)."""
+
+    tokens: list[int]
+    parents: list[int]
+
+    def accepted(self, reference: Sequence[int]) -> int:
+        """Nodes matched walking from the root along the target's greedy tokens `reference`."""
+        children: dict[tuple[int, int], int] = {}
+        for i, (parent, token) in enumerate(zip(self.parents, self.tokens, strict=True)):
+            children.setdefault((parent, token), i + 1)
+        node = a = 0
+        while a < len(reference) and (node, reference[a]) in children:
+            node = children[(node, reference[a])]
+            a += 1
+        return a
+
+
+def select_tree(scores: Tensor, tokens: Tensor, parents: Tensor, shape: EagleTreeShape) -> EagleTree:
+    """One round's candidates -> its tree: scores and tokens [top_k + depth * top_k^2], parents
+    [1 + depth * top_k] (for each group of top_k candidates, its parent's flat index + 1)."""
+    chosen = torch.topk(scores, shape.total_tokens - 1).indices.sort().values
+    draft_parents = parents[chosen // shape.top_k]
+    where = torch.searchsorted(chosen, draft_parents - 1)  # the parent's place among the chosen
+    where[draft_parents == 0] = -1
+    return EagleTree(tokens[chosen].tolist(), (where + 1).tolist())
