@@ -20,7 +20,7 @@ from torch import Tensor
 
 from eval_worker.drafters.eagle3 import Eagle3Context, Eagle3Drafter, NodeBatch
 from eval_worker.evaluation.walks import DraftCost, PromptFeatures
-from eval_worker.scoring.eagle_tree import EagleTreeShape, select_tree
+from eval_worker.scoring.eagle_tree import EagleTreeShape, select_tree, stable_topk
 
 CHAIN = "chain"  # the walk key of the chain; trees are keyed by their shape ("TOPK,DEPTH,TOTAL")
 
@@ -153,10 +153,9 @@ def _tree_round(group: _Group, walks: list[_Walk], shape: EagleTreeShape, cost: 
     drafter, k, m = group.drafter, shape.top_k, len(walks)
     device = group.keys.device
     x = group.first(walks)  # [m, H]
-    top = torch.log_softmax(drafter.logits(x).float(), dim=-1).topk(k, dim=-1)
-    cost.lm_head_rows += m
-    scores = top.values  # [m, k]: cumulative log-probs of the frontier
-    score_levels, token_levels = [scores], [drafter.to_target(top.indices)]
+    scores, top_ids = stable_topk(torch.log_softmax(drafter.logits(x).float(), dim=-1), k)
+    cost.lm_head_rows += m  # scores [m, k]: cumulative log-probs of the frontier
+    score_levels, token_levels = [scores], [drafter.to_target(top_ids)]
     parent_levels = [torch.zeros(m, 1, dtype=torch.long, device=device)]
     hidden = drafter.feedback(x)[:, None].expand(m, k, x.shape[-1])
     frontier_tokens = token_levels[0]
@@ -169,13 +168,12 @@ def _tree_round(group: _Group, walks: list[_Walk], shape: EagleTreeShape, cost: 
         out, nk, nv = drafter.step(hidden, frontier_tokens, positions, batch, group.embed)  # [m, k, H]
         # the frontier's flat index + 1 in the concatenated levels (root = 0, then k, then k*k per level)
         parent_levels.append(chosen + (1 + (k if i else 0) + k * k * max(0, i - 1)))
-        children = torch.log_softmax(drafter.logits(out).float(), dim=-1).topk(k, dim=-1)  # [m, k, k]
+        child_scores, child_ids = stable_topk(torch.log_softmax(drafter.logits(out).float(), dim=-1), k)  # [m, k, k]
         cost.lm_head_rows += m * k
-        cumulative = (children.values + scores[:, :, None]).reshape(m, k * k)
-        best = cumulative.topk(k, dim=-1)
-        chosen, scores = best.indices, best.values
+        cumulative = (child_scores + scores[:, :, None]).reshape(m, k * k)
+        scores, chosen = stable_topk(cumulative, k)
         parents = chosen // k  # [m, k]: the frontier node each new frontier node extends
-        child_tokens = drafter.to_target(children.indices.reshape(m, k * k))
+        child_tokens = drafter.to_target(child_ids.reshape(m, k * k))
         score_levels.append(cumulative)
         token_levels.append(child_tokens)
         hidden = drafter.feedback(out).gather(1, parents[:, :, None].expand(m, k, out.shape[-1]))

@@ -6,6 +6,10 @@ to depth + 1 drafts long), and for each group of `top_k` candidates the flat ind
 expanded (0 = the root). The tree keeps the best `total_tokens - 1` candidates (plus the root), each
 attached to its parent by the same `searchsorted` EAGLE uses. Greedy verification follows the child
 whose token is the target's greedy token; the round scores the matched nodes + 1.
+
+Ties (confident drafters put exactly 0.0 log-prob on their top token, so a child can score the same
+as its parent) go to the earlier candidate: every top-k here is a stable descending sort. That keeps a
+node's parent ahead of it, and makes the tree the same however the candidates were batched.
 """
 
 from __future__ import annotations
@@ -15,6 +19,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+
+def stable_topk(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest along the last dim and their indices; ties go to the lower index."""
+    ordered, order = torch.sort(values, dim=-1, descending=True, stable=True)
+    return ordered[..., :k], order[..., :k]
 
 
 @dataclass(frozen=True, order=True)
@@ -73,7 +83,7 @@ class EagleTree:
 def select_tree(scores: Tensor, tokens: Tensor, parents: Tensor, shape: EagleTreeShape) -> EagleTree:
     """One round's candidates -> its tree: scores and tokens [top_k + depth * top_k^2], parents
     [1 + depth * top_k] (for each group of top_k candidates, its parent's flat index + 1)."""
-    chosen = torch.topk(scores, shape.total_tokens - 1).indices.sort().values
+    chosen = stable_topk(scores, shape.total_tokens - 1)[1].sort().values
     draft_parents = parents[chosen // shape.top_k]
     where = torch.searchsorted(chosen, draft_parents - 1)  # the parent's place among the chosen
     where[draft_parents == 0] = -1

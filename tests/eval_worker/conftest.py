@@ -13,7 +13,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from eval_worker.drafters.config import DrafterConfig
 from eval_worker.drafters.model import DFlashDrafter
 from schemas.model import ModelInfo
-from tests.eval_worker.helpers import BLOCK_SIZE, HELD_OUT_TEXTS, LAYER_IDS, NEW_TOKENS, TRAIN_TEXTS
+from tests.eval_worker.helpers import (
+    BLOCK_SIZE,
+    EAGLE_LAYER_IDS,
+    HELD_OUT_TEXTS,
+    LAYER_IDS,
+    NEW_TOKENS,
+    TRAIN_TEXTS,
+)
 from tests.support.live_loop import target_heads
 from tests.support.tiny_trainer import Sequences, TinyTrainer, make_sequences, tiny_drafter_config
 
@@ -74,3 +81,24 @@ def trained_drafter(target: Any, sequences: Sequences, drafter_config: DrafterCo
     embed, lm_head = target_heads(target)
     TinyTrainer(drafter, train, embed, lm_head, lr=1e-3, seed=0).run(120)
     return drafter
+
+
+@pytest.fixture(scope="session")
+def eagle_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 12-layer tiny target: EAGLE-3's default taps (layer inputs 2, 6, 9) are distinct layers of it."""
+    from cache_server.capture.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("eagle-target"), layers=12, hidden=64, vocab=512, seed=2)
+
+
+@pytest.fixture(scope="session")
+def eagle_target(eagle_target_dir: Path) -> Any:
+    return AutoModelForCausalLM.from_pretrained(eagle_target_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def eagle_sequences(eagle_target: Any, eagle_target_dir: Path) -> Sequences:
+    """Prompt + greedy response and the taps at EAGLE-3's default layers (decoder outputs 1, 5, 8)."""
+    tokenizer = AutoTokenizer.from_pretrained(eagle_target_dir)
+    prompts = [list(tokenizer(t)["input_ids"]) for t in TRAIN_TEXTS + HELD_OUT_TEXTS]
+    return make_sequences(eagle_target, prompts, EAGLE_LAYER_IDS, NEW_TOKENS)

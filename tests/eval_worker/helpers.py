@@ -11,6 +11,7 @@ from eval_worker.drafters.model import DFlashDrafter
 from schemas.model import ModelInfo
 
 LAYER_IDS = (1, 3, 5)  # includes the last decoder layer (5 of 6), which needs the hook
+EAGLE_LAYER_IDS = (1, 5, 8)  # EAGLE-3's defaults for 12 layers: layer inputs 2, 6, 9
 BLOCK_SIZE = 4
 NEW_TOKENS = 32
 TRAIN_TEXTS = [
