@@ -20,6 +20,7 @@ from eval_worker import commands
 from eval_worker.exit_codes import ExitCode
 from eval_worker.settings import EvaluateSettings, SubmitSettings, WorkerSettings
 from schemas.layers import parse_layer_list
+from schemas.trees import EagleTreeShape
 
 Command = Callable[[argparse.Namespace, Any], int]
 S = TypeVar("S", bound=BaseSettings)
@@ -32,12 +33,45 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _eagle_tree(text: str) -> str:
+    try:
+        return EagleTreeShape.parse(text).key
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _job_options(p: argparse.ArgumentParser) -> None:
     """What to evaluate: shared by `evaluate`, `submit` and `watch`."""
-    p.add_argument("--tree-budget", dest="tree_budgets", type=int, action="append", default=[],
-                   help="DDTree budget (nodes, root excluded); repeat for several")  # fmt: skip
-    p.add_argument("--block-size", type=int, help="draft this block length instead of the config's")
-    p.add_argument("--target-layer-ids", type=_int_list, help="layer ids for a checkpoint that names none")
+    p.add_argument(
+        "--tree-budget",
+        dest="tree_budgets",
+        type=int,
+        action="append",
+        default=[],
+        help="DFlash: DDTree budget (nodes, root excluded); repeat for several",
+    )
+    p.add_argument("--block-size", type=int, help="DFlash: draft this block length instead of the config's")
+    p.add_argument(
+        "--eagle-tree",
+        dest="eagle_trees",
+        type=_eagle_tree,
+        action="append",
+        default=[],
+        help="EAGLE-3: a dynamic tree TOPK,DEPTH,TOTAL as EAGLE's top_k, depth, total_token "
+        "(e.g. 10,7,60); repeat for several",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="EAGLE-3: chain drafts per round (default: the checkpoint's speculative_tokens, else 5)",
+    )
+    p.add_argument(
+        "--layer-convention",
+        choices=["layer_input", "decoder_output_0based"],
+        help="EAGLE-3: read the checkpoint's layer ids in this convention instead of its layout's",
+    )
+    p.add_argument("--target-layer-ids", type=_int_list,
+                   help="layer ids (decoder outputs, 0-based) for a checkpoint that names none")  # fmt: skip
 
 
 def _settings_from(parser: argparse.ArgumentParser, cls: type[S]) -> Callable[[argparse.Namespace], S]:
@@ -63,7 +97,8 @@ def _command(
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eval-worker",
-        description="Evaluate drafter checkpoints (chain and DDTree tau) on cached target hidden states.",
+        description="Evaluate drafter checkpoints (DFlash and EAGLE-3: chain and tree tau) on cached target "
+        "hidden states.",
         epilog="Options can also be set as EVAL_WORKER_<OPTION>. Exit codes: 1 bad usage, 2 checkpoint refused, "
         "3 server unreachable, 4 server error or mismatched data, 5 job failed.",
     )
@@ -71,7 +106,12 @@ def _parser() -> argparse.ArgumentParser:
 
     ev = _command(sub, "evaluate", "measure acceptance length of checkpoints here (several: one pass)",
                   commands.evaluate, EvaluateSettings, positional=None)  # fmt: skip
-    ev.add_argument("checkpoints", type=Path, nargs="+", help="HF DFlash directories or torch.save files")
+    ev.add_argument(
+        "checkpoints",
+        type=Path,
+        nargs="+",
+        help="drafter checkpoints (DFlash or EAGLE-3): HF directories or torch.save files",
+    )
     which = ev.add_mutually_exclusive_group(required=True)
     which.add_argument("--all-prompts", action="store_true", help="every prompt registered on the server")
     which.add_argument("--prompts", type=lambda s: s.split(","), help="comma-separated prompt ids")

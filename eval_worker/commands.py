@@ -39,6 +39,7 @@ def evaluate(args: argparse.Namespace, settings: EvaluateSettings) -> int:
     """Evaluate one checkpoint, or a sweep of several in one pass over the prompts, and print the reports."""
     from eval_worker.evaluation.sweep import evaluate_checkpoints, feature_cache
     from eval_worker.reports.table import format_report
+    from schemas.trees import EagleTreeShape
 
     checkpoints: list[Path] = args.checkpoints
     outputs = _report_paths(checkpoints, args.out, args.out_dir)
@@ -49,8 +50,11 @@ def evaluate(args: argparse.Namespace, settings: EvaluateSettings) -> int:
             settings,
             prompt_ids=[None if args.all_prompts else args.prompts] * len(checkpoints),
             tree_budgets=args.tree_budgets,
+            eagle_trees=[EagleTreeShape.parse(t) for t in args.eagle_trees],
+            steps=args.steps,
             layer_ids=args.target_layer_ids,
             block_size=args.block_size,
+            layer_convention=args.layer_convention,
             config_path=args.config,
             features=feature_cache(settings),
         )
@@ -113,6 +117,9 @@ def _submit(jobs: JobsClient, args: argparse.Namespace, path: str, prompts: Any 
         tree_budgets=args.tree_budgets,
         target_layer_ids=args.target_layer_ids,
         block_size=args.block_size,
+        steps=args.steps,
+        eagle_trees=args.eagle_trees,
+        layer_convention=args.layer_convention,
     )
     print(f"job {state.job_id} {state.status.value}: {state.checkpoint_relative}", flush=True)
     return state

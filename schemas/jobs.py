@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from schemas.report import EvalReport
+from schemas.trees import EagleTreeShape
 
 MAX_TREE_BUDGET = 4096  # DDTree budgets above this are refused at submission
 MAX_PROMPT_IDS = 10000
@@ -42,7 +43,19 @@ class JobSubmit(BaseModel):
     )
     tree_budgets: list[StrictInt] = Field(default_factory=list, max_length=64)
     target_layer_ids: list[StrictInt] | None = Field(default=None, min_length=1, max_length=256)
-    block_size: StrictInt | None = Field(default=None, ge=2, le=1024)
+    block_size: StrictInt | None = Field(default=None, ge=2, le=1024, description="DFlash: draft block length")
+    steps: StrictInt | None = Field(default=None, ge=1, le=64, description="EAGLE-3: chain drafts per round")
+    eagle_trees: list[str] = Field(default_factory=list, max_length=16, description='EAGLE-3: "TOPK,DEPTH,TOTAL"')
+    layer_convention: Literal["layer_input", "decoder_output_0based"] | None = Field(
+        default=None, description="EAGLE-3: read the checkpoint's layer ids in this convention"
+    )
+
+    @field_validator("eagle_trees")
+    @classmethod
+    def _eagle_trees(cls, v: list[str]) -> list[str]:
+        keys = [EagleTreeShape.parse(t).key for t in v]  # ValueError names the bad one
+        _distinct(keys, "EAGLE trees")
+        return keys
 
     @field_validator("prompts", mode="before")
     @classmethod
@@ -90,6 +103,9 @@ class JobState(BaseModel):
     tree_budgets: list[int]
     target_layer_ids: list[int] | None
     block_size: int | None
+    steps: int | None = None
+    eagle_trees: list[str] = Field(default_factory=list)
+    layer_convention: Literal["layer_input", "decoder_output_0based"] | None = None
     target_fingerprint: str | None = Field(description="the target the server served at submission")
     attempts: int = Field(description="claims so far, the current one included")
     max_attempts: int

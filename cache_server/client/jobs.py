@@ -48,14 +48,22 @@ class JobsClient:
         tree_budgets: Sequence[int] = (),
         target_layer_ids: Sequence[int] | None = None,
         block_size: int | None = None,
+        *,
+        steps: int | None = None,
+        eagle_trees: Sequence[str] = (),
+        layer_convention: Literal["layer_input", "decoder_output_0based"] | None = None,
     ) -> JobState:
-        """Queue an evaluation of `checkpoint` (a path under the server's --checkpoint-root)."""
+        """Queue an evaluation of `checkpoint` (a path under the server's --checkpoint-root); `steps`,
+        `eagle_trees` and `layer_convention` apply to EAGLE-3 checkpoints."""
         body = JobSubmit(
             checkpoint=checkpoint,
             prompts=prompts if prompts == "all" else list(prompts),
             tree_budgets=list(tree_budgets),
             target_layer_ids=list(target_layer_ids) if target_layer_ids is not None else None,
             block_size=block_size,
+            steps=steps,
+            eagle_trees=list(eagle_trees),
+            layer_convention=layer_convention,
         )
         return self._state("POST", "/jobs", json=body.model_dump(mode="json", exclude_none=True))
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cache_server.errors import JobFailed, JobNotFound, JobRunning, LeaseLost, ReportNotReady
-from cache_server.jobs.rows import SCHEMA, SCHEMA_VERSION, STATE_COLUMNS, job_state
+from cache_server.jobs.rows import MIGRATIONS, SCHEMA, SCHEMA_VERSION, STATE_COLUMNS, job_state
 from schemas.jobs import JobPage, JobState, JobStatus, JobSubmit
 
 
@@ -47,8 +47,12 @@ class JobStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = self._conn()
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, SCHEMA_VERSION):
+        if version not in (0, *MIGRATIONS, SCHEMA_VERSION):
             raise RuntimeError(f"{path} has job schema version {version}; this server knows {SCHEMA_VERSION}")
+        with conn:  # one transaction: a database is migrated whole or not at all
+            for old in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
+                for statement in MIGRATIONS[old]:
+                    conn.execute(statement)
         conn.executescript(SCHEMA)  # idempotent, so concurrent first opens are harmless
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -95,8 +99,8 @@ class JobStore:
         with self._write() as c:
             c.execute(
                 "INSERT INTO jobs (job_id, status, checkpoint, checkpoint_relative, prompts, tree_budgets, "
-                "target_layer_ids, block_size, target_fingerprint, max_attempts, created_at) "
-                "VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "target_layer_ids, block_size, steps, eagle_trees, layer_convention, target_fingerprint, "
+                "max_attempts, created_at) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     job_id,
                     spec.checkpoint,
@@ -105,6 +109,9 @@ class JobStore:
                     json.dumps(spec.tree_budgets),
                     json.dumps(spec.target_layer_ids) if spec.target_layer_ids is not None else None,
                     spec.block_size,
+                    spec.steps,
+                    json.dumps(spec.eagle_trees),
+                    spec.layer_convention,
                     target_fingerprint,
                     self.max_attempts,
                     self._now(),

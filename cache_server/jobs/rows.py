@@ -8,7 +8,15 @@ from datetime import UTC, datetime
 
 from schemas.jobs import JobState, JobStatus
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# What each older version lacks, in order: applied to a job database written by an older server.
+MIGRATIONS = {
+    1: (
+        "ALTER TABLE jobs ADD COLUMN steps INTEGER",
+        "ALTER TABLE jobs ADD COLUMN eagle_trees TEXT NOT NULL DEFAULT '[]'",
+        "ALTER TABLE jobs ADD COLUMN layer_convention TEXT",
+    ),
+}
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY,
@@ -19,6 +27,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     tree_budgets TEXT NOT NULL,       -- JSON list
     target_layer_ids TEXT,            -- JSON list or NULL
     block_size INTEGER,
+    steps INTEGER,                    -- EAGLE-3 chain length or NULL
+    eagle_trees TEXT NOT NULL DEFAULT '[]',  -- JSON list of "TOPK,DEPTH,TOTAL"
+    layer_convention TEXT,
     target_fingerprint TEXT,
     attempts INTEGER NOT NULL DEFAULT 0,
     max_attempts INTEGER NOT NULL,
@@ -36,8 +47,8 @@ CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
 """
 STATE_COLUMNS = (
     "job_id, status, checkpoint, checkpoint_relative, prompts, tree_budgets, target_layer_ids, block_size, "
-    "target_fingerprint, attempts, max_attempts, worker, created_at, started_at, finished_at, "
-    "lease_expires_at, error"
+    "steps, eagle_trees, layer_convention, target_fingerprint, attempts, max_attempts, worker, created_at, "
+    "started_at, finished_at, lease_expires_at, error"
 )
 
 
@@ -56,6 +67,9 @@ def job_state(row: sqlite3.Row) -> JobState:
         tree_budgets=json.loads(row["tree_budgets"]),
         target_layer_ids=json.loads(row["target_layer_ids"]) if row["target_layer_ids"] else None,
         block_size=row["block_size"],
+        steps=row["steps"],
+        eagle_trees=json.loads(row["eagle_trees"]),
+        layer_convention=row["layer_convention"],
         target_fingerprint=row["target_fingerprint"],
         attempts=row["attempts"],
         max_attempts=row["max_attempts"],

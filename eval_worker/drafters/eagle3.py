@@ -121,6 +121,8 @@ class Eagle3Layer(nn.Module):
 class Eagle3Drafter(nn.Module):
     """Keys: fc, midlayer.*, norm, lm_head, d2t (+ embed_tokens, input_norm or fc_norm.{i} when present)."""
 
+    d2t: Tensor  # [Vd] int64 buffer: draft id d is target id d + d2t[d]
+
     def __init__(self, cfg: Eagle3Config, num_taps: int, *, has_embed: bool) -> None:
         super().__init__()
         self.cfg, self.num_taps = cfg, num_taps
@@ -156,8 +158,7 @@ class Eagle3Drafter(nn.Module):
 
     def to_target(self, draft_ids: Tensor) -> Tensor:
         """Draft-vocab ids -> target ids (d + d2t[d])."""
-        d2t: Tensor = self.d2t  # type: ignore[assignment]
-        return draft_ids + d2t[draft_ids]
+        return draft_ids + self.d2t[draft_ids]
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype)

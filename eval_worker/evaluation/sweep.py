@@ -12,6 +12,7 @@ import torch
 
 from cache_server.client import CacheClient
 from cache_server.torch_utils import TORCH_DTYPES, resolve_device
+from eval_worker.checkpoints.layer_ids import LayerConvention
 from eval_worker.checkpoints.loading import LoadedCheckpoint, load_checkpoint
 from eval_worker.errors import CheckpointRefused
 from eval_worker.evaluation.evaluate import EvalOptions, evaluate_many
@@ -21,6 +22,7 @@ from eval_worker.settings import EvaluateSettings
 from schemas.model import ModelInfo
 from schemas.prompts import PromptStatus
 from schemas.report import EvalReport
+from schemas.trees import EagleTreeShape
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +61,20 @@ def evaluate_checkpoints(
     *,
     prompt_ids: Sequence[Sequence[str] | None] | None = None,
     tree_budgets: Sequence[int] = (),
+    eagle_trees: Sequence[EagleTreeShape] = (),
+    steps: int | None = None,
     layer_ids: Sequence[int] | None = None,
     block_size: int | None = None,
+    layer_convention: LayerConvention | None = None,
     config_path: Path | None = None,
     progress: bool = True,
     features: FeatureCache | None = None,
 ) -> list[EvalReport]:
     """Load each checkpoint strictly for the server's target and evaluate them together; checkpoint i
-    on `prompt_ids[i]` (None: every registered prompt the target has not failed on)."""
+    on `prompt_ids[i]` (None: every registered prompt the target has not failed on).
+
+    DDTree budgets apply to the DFlash checkpoints, `eagle_trees` and `steps` to the EAGLE-3 ones; an
+    option that applies to none of them is refused rather than ignored."""
     info = client.model()
     loaded = []
     for c in checkpoints:
@@ -74,15 +82,24 @@ def evaluate_checkpoints(
             loaded.append(c)
             continue
         try:
-            loaded.append(load_checkpoint(c, info, config_path=config_path, layer_ids_override=layer_ids,
-                                          block_size_override=block_size))  # fmt: skip
+            loaded.append(load_checkpoint(
+                c, info, config_path=config_path, layer_ids_override=layer_ids, block_size_override=block_size,
+                layer_convention=layer_convention,
+            ))  # fmt: skip
         except CheckpointRefused as e:  # in a sweep, say which checkpoint
             raise CheckpointRefused(str(e) if str(c) in str(e) else f"{c}: {e}") from None
+    families = {c.family for c in loaded}
+    if tree_budgets and "dflash" not in families:
+        raise ValueError("--tree-budget (DDTree) drafts from a DFlash block; for EAGLE-3 use --eagle-tree")
+    if (eagle_trees or steps is not None) and "eagle3" not in families:
+        raise ValueError("--eagle-tree and --steps apply to EAGLE-3 drafters; none of these checkpoints is one")
     wanted = prompt_ids if prompt_ids is not None else [None] * len(loaded)
     ids = [select_prompts(client, p, settings.timeout_s) for p in wanted]
     device = resolve_device(settings.device)
     options = EvalOptions(
         tree_budgets=tuple(tree_budgets),
+        eagle_trees=tuple(eagle_trees),
+        steps=steps,
         device=str(device),
         dtype=drafter_dtype(settings, device, info),
         progress=progress,

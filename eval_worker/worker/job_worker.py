@@ -17,8 +17,10 @@ from eval_worker.evaluation.sweep import evaluate_checkpoints, feature_cache
 from eval_worker.settings import WorkerSettings
 from schemas.jobs import Claim
 from schemas.report import EvalReport
+from schemas.trees import EagleTreeShape
 
 log = logging.getLogger(__name__)
+_Drafts = tuple[tuple[int, ...], tuple[str, ...], int | None]  # DDTree budgets, EAGLE trees, EAGLE steps
 
 
 def default_worker_name() -> str:
@@ -108,8 +110,9 @@ class JobWorker:
         return True
 
     def _evaluate(self, claims: list[Claim]) -> list[EvalReport | None]:
-        """Each job's report, or None once its failure is recorded. Jobs with the same tree budgets
-        are evaluated together; if that fails, one by one, so that each failure lands on its job."""
+        """Each job's report, or None once its failure is recorded. Jobs asking for the same drafts (tree
+        budgets, EAGLE trees, steps) are evaluated together; if that fails, one by one, so that each
+        failure lands on its job."""
         info = self.client.model()
         loaded: dict[int, LoadedCheckpoint] = {}
         for i, claim in enumerate(claims):
@@ -120,13 +123,15 @@ class JobWorker:
                     info,
                     layer_ids_override=job.target_layer_ids,
                     block_size_override=job.block_size,
+                    layer_convention=job.layer_convention,
                 )
             except CheckpointRefused as e:
                 self._fail(claim, f"checkpoint refused: {e}", retryable=False)
         reports: list[EvalReport | None] = [None] * len(claims)
-        by_budgets: dict[tuple[int, ...], list[int]] = {}
+        by_budgets: dict[_Drafts, list[int]] = {}
         for i in loaded:
-            by_budgets.setdefault(tuple(claims[i].job.tree_budgets), []).append(i)
+            job = claims[i].job
+            by_budgets.setdefault((tuple(job.tree_budgets), tuple(job.eagle_trees), job.steps), []).append(i)
         for budgets, batch in by_budgets.items():
             done = self._batch(batch, loaded, claims, budgets)
             if done is None:  # the batch failed: one by one, so that each failure lands on its job
@@ -139,14 +144,15 @@ class JobWorker:
         return reports
 
     def _batch(
-        self, batch: list[int], loaded: dict[int, LoadedCheckpoint], claims: list[Claim], budgets: tuple[int, ...]
+        self, batch: list[int], loaded: dict[int, LoadedCheckpoint], claims: list[Claim], drafts: _Drafts
     ) -> dict[int, EvalReport] | None:
         """Reports of the jobs `batch` evaluated together; None if that failed (a single job's failure
         is recorded on it)."""
         try:
             reports = evaluate_checkpoints(
                 self.client, [loaded[i] for i in batch], self.settings,
-                prompt_ids=[claims[i].prompt_ids for i in batch], tree_budgets=budgets, progress=False,
+                prompt_ids=[claims[i].prompt_ids for i in batch], tree_budgets=drafts[0],
+                eagle_trees=[EagleTreeShape.parse(t) for t in drafts[1]], steps=drafts[2], progress=False,
                 features=self.features,
             )  # fmt: skip
         except ServerUnreachable:

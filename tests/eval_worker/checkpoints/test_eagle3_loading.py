@@ -1,0 +1,116 @@
+"""EAGLE-3 checkpoints: every layout loads strictly into the same drafter and asks for the same served
+layers, layer-input ids are translated, and what would compute wrong is refused with exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from eval_worker.checkpoints.loading import load_checkpoint
+from eval_worker.drafters.eagle3 import Eagle3Drafter
+from eval_worker.errors import CheckpointRefused
+from schemas.model import ModelInfo
+from tests.support.eagle3 import eagle3_config, random_eagle3, save_eagle3
+
+# The same physical taps, decoder outputs [1, 5, 8] of a 12-layer target, as each layout writes them.
+WRITTEN = {"eagle": None, "specforge": [1, 5, 8], "speculators": [2, 6, 9]}
+
+
+@pytest.fixture
+def info(eagle_target: Any) -> ModelInfo:
+    c = eagle_target.config
+    return ModelInfo(name="tiny12", fingerprint="fp12", num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
+                     vocab_size=c.vocab_size, max_position_embeddings=c.max_position_embeddings, dtype="float32",
+                     capture_layers=[])  # fmt: skip
+
+
+@pytest.fixture
+def drafter(eagle_target: Any) -> Eagle3Drafter:
+    d2t = torch.arange(100) * 3 - torch.arange(100)  # draft id d is target id 3d
+    return random_eagle3(eagle3_config(eagle_target.config, draft_vocab_size=100), 3, seed=1, d2t=d2t)
+
+
+@pytest.mark.parametrize("layout", list(WRITTEN))
+@pytest.mark.parametrize("torch_file", [False, True], ids=["hf_dir", "torch_dict"])
+def test_every_layout_loads_the_same_drafter_and_layers(
+    tmp_path: Path, drafter: Eagle3Drafter, info: ModelInfo, layout: Any, torch_file: bool
+) -> None:
+    path = save_eagle3(tmp_path / layout, drafter, layout, layer_ids=WRITTEN[layout],
+                       global_step=7 if torch_file else None)  # fmt: skip
+    loaded = load_checkpoint(path, info)
+    assert (loaded.family, loaded.layout) == ("eagle3", layout)
+    assert loaded.target_layer_ids == (1, 5, 8)
+    ids = loaded.layer_ids
+    assert ids.source == ("default" if layout == "eagle" else "checkpoint")
+    assert ids.convention == ("decoder_output_0based" if layout == "specforge" else "layer_input")
+    assert ids.checkpoint_ids == (tuple(WRITTEN[layout]) if WRITTEN[layout] else None)
+    mine = loaded.drafter.state_dict()
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(mine[name], tensor), name
+
+
+def test_speculators_steps_and_flags_are_read(tmp_path: Path, eagle_target: Any, info: ModelInfo) -> None:
+    cfg = eagle3_config(eagle_target.config, norm_before_residual=True, feature_norm="concat", feed_normed=True,
+                        qk_norm=True)  # fmt: skip
+    path = save_eagle3(tmp_path / "s", random_eagle3(cfg, 3), "speculators", layer_ids=[2, 6, 9], steps=4)
+    loaded = load_checkpoint(path, info)
+    assert loaded.config == cfg.__class__(**{**cfg.__dict__, "speculative_tokens": 4})
+
+
+def test_layer_convention_override_is_applied_and_recorded(tmp_path: Path, drafter: Eagle3Drafter,
+                                                            info: ModelInfo) -> None:  # fmt: skip
+    path = save_eagle3(tmp_path / "sf", drafter, "specforge", layer_ids=[2, 6, 9])
+    assert load_checkpoint(path, info).target_layer_ids == (2, 6, 9)
+    loaded = load_checkpoint(path, info, layer_convention="layer_input")
+    assert loaded.target_layer_ids == (1, 5, 8)
+    assert (loaded.layer_ids.convention, loaded.layer_ids.convention_source) == ("layer_input", "override")
+
+
+def _edit_config(path: Path, **changes: Any) -> None:
+    config = json.loads((path / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def _drop_tensor(path: Path, name: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(path / "model.safetensors")
+    del state[name]
+    save_file(state, path / "model.safetensors")
+
+
+REFUSALS: dict[str, tuple[str, str]] = {
+    "ids do not match fc width": ("speculators", r"fc\.weight reads 192 features.*\[1, 5\] name 2 layers.*2 x 64"),
+    "d2t missing": ("eagle", r"draft vocab \(100.*smaller than the target vocab \(512\).*no d2t"),
+    "unknown flag": ("speculators", r"\['norm_before_everything'\] are not known"),
+    "layer-input id 0": ("speculators", r"include 0, the embeddings"),
+    "2-tap fc under a 3-tap convention": ("eagle", r"fc\.weight reads 128 features.*\[1, 5, 8\] name 3 layers"),
+    "known flag, unimplemented value": ("eagle", r"rope_scaling=.*not implemented"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_refusals_name_what_is_wrong(
+    tmp_path: Path, eagle_target: Any, info: ModelInfo, drafter: Eagle3Drafter, case: str
+) -> None:
+    layout, message = REFUSALS[case]
+    written = {"ids do not match fc width": [2, 6], "layer-input id 0": [0, 6, 9]}.get(case, WRITTEN[layout])
+    subject = random_eagle3(eagle3_config(eagle_target.config, draft_vocab_size=100), 2) if "2-tap" in case else drafter
+    path = save_eagle3(tmp_path / "ckpt", subject, layout, layer_ids=written)
+    if case == "d2t missing":
+        _drop_tensor(path, "d2t")
+    elif case == "unknown flag":
+        _edit_config(path, norm_before_everything=True)
+    elif case == "known flag, unimplemented value":
+        _edit_config(path, rope_scaling={"rope_type": "llama3", "factor": 8.0})
+    with pytest.raises(CheckpointRefused, match=message):
+        load_checkpoint(path, info)
