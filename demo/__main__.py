@@ -2,8 +2,9 @@
 
 Builds a tiny random Qwen3 target, starts a real cache server, registers prompts whose responses
 the target generates, trains a tiny DFlash drafter on features fetched from the cache and saves it
-at two steps, submits both checkpoints as jobs, runs an eval worker until they are done, then
-prints the leaderboard and writes the tau plot.
+at two steps, trains a tiny EAGLE-3 drafter (a draft vocab of half the target's, EAGLE-3's default
+taps) and saves it in the EAGLE layout, submits every checkpoint as a job, runs an eval worker until
+they are done, then prints the leaderboard of both families and writes the tau plot.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from transformers import AutoConfig
 
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient, JobsClient
-from eval_worker.checkpoints.layer_ids import default_layer_ids
+from eval_worker.checkpoints.layer_ids import default_layer_ids, eagle3_default_layer_ids
 from eval_worker.drafters.model import DFlashDrafter
 from eval_worker.reports.compare import compare_table
 from eval_worker.reports.plot import plot
 from schemas.jobs import JobStatus
 from tests.support.checkpoints import save_torch_checkpoint
+from tests.support.eagle3 import eagle3_config, frequent_d2t, random_eagle3, save_eagle3, train_eagle3
 from tests.support.servers import running_server
 from tests.support.tiny_trainer import Sequences, TinyTrainer, tiny_drafter_config
 
@@ -73,11 +75,30 @@ def train_checkpoints(client: CacheClient, target: Path, prompt_ids: list[str], 
         print(f"step {step}: loss {loss:.3f} -> {path}", flush=True)
 
 
+def train_eagle3_checkpoint(client: CacheClient, target: Path, prompt_ids: list[str], steps: int, runs: Path) -> None:
+    info = client.model()
+    layers = list(eagle3_default_layer_ids(info.num_layers))
+    _say(f"training a tiny EAGLE-3 drafter on cached layers {layers} (its defaults: layer inputs 2, L//2, L-3)")
+    embed, _ = client.heads().to_torch()
+    train = fetch_sequences(client, prompt_ids[:-HELD_OUT], layers)
+    config = AutoConfig.from_pretrained(target)
+    d2t = frequent_d2t(train.token_ids, config.vocab_size // 2, config.vocab_size)
+    drafter = random_eagle3(eagle3_config(config, draft_vocab_size=config.vocab_size // 2), len(layers), d2t=d2t)
+    loss = train_eagle3(drafter, train.token_ids, train.taps, embed.float(), steps)
+    path = save_eagle3(runs / f"eagle3_step_{steps}.pt", drafter, "eagle", global_step=steps)
+    print(f"step {steps}: loss {loss:.3f} -> {path} (EAGLE layout, draft vocab {drafter.cfg.draft_vocab_size})")
+
+
 def run_jobs(url: str, runs: Path, workdir: Path) -> None:
-    """Submit every checkpoint under `runs`, and let one real `eval-worker serve` process do them."""
+    """Submit every checkpoint under `runs` (DDTrees for DFlash, EAGLE trees for EAGLE-3), and let one
+    real `eval-worker serve` process do them."""
     with CacheClient(url) as client:
         jobs = JobsClient(client)
-        submitted = [jobs.submit(p.name, tree_budgets=[4, 8]) for p in sorted(runs.glob("*.pt"))]
+        submitted = [
+            jobs.submit(p.name, eagle_trees=["4,3,16"]) if p.name.startswith("eagle3")
+            else jobs.submit(p.name, tree_budgets=[4, 8])
+            for p in sorted(runs.glob("*.pt"))
+        ]  # fmt: skip
         for job in submitted:
             print(f"submitted job {job.job_id} for {job.checkpoint_relative}")
         _say("eval-worker serve (one worker process claims the jobs)")
@@ -120,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(ids)} prompts registered; the target generated {args.new_tokens}-token greedy responses")
 
         train_checkpoints(client, target, ids, args.steps, runs)
+        train_eagle3_checkpoint(client, target, ids, args.steps[1], runs)
         run_jobs(url, runs, args.workdir)
 
         _say("leaderboard (eval-worker compare --server ...)")
