@@ -13,18 +13,19 @@ from pathlib import Path
 HF_CONFIG = "config.json"
 HF_WEIGHTS = "model.safetensors"
 HF_BIN_WEIGHTS = "pytorch_model.bin"
-HF_FILES = (HF_CONFIG, HF_WEIGHTS)  # what `watch` waits for in a DFlash directory
+HF_DIR_HOLDS = f"{HF_CONFIG} + {HF_WEIGHTS} (or {HF_BIN_WEIGHTS})"
 # Names `watch` looks at for torch files; a submitted file of any name is accepted if it is a zip.
 TORCH_SUFFIXES = (".pt", ".pth")
 
 
-def is_hf_dir(path: Path) -> bool:
-    """A directory with a config and a weights file as regular files."""
-    return (
-        path.is_dir()
-        and (path / HF_CONFIG).is_file()
-        and any((path / name).is_file() for name in (HF_WEIGHTS, HF_BIN_WEIGHTS))
-    )
+def hf_files(path: Path) -> tuple[str, ...]:
+    """The config and weights file names of a HF checkpoint directory (safetensors first, as the loader
+    reads them), or () unless both are regular files."""
+    if not path.is_dir() or not (path / HF_CONFIG).is_file():
+        return ()
+    weights = next((name for name in (HF_WEIGHTS, HF_BIN_WEIGHTS) if (path / name).is_file()), None)
+    return (HF_CONFIG, weights) if weights else ()
+
 
 
 def is_torch_archive(path: Path) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cache_server.errors import InvalidCheckpointPath
-from schemas.checkpoint_layout import HF_FILES, is_torch_archive
+from schemas.checkpoint_layout import HF_DIR_HOLDS, hf_files, is_torch_archive
 
 
 @dataclass(frozen=True)
@@ -53,13 +53,12 @@ def resolve_checkpoint(root: Path, given: str) -> CheckpointPath:
 
 
 def _check_hf_dir(real: Path, root: Path, given: str) -> None:
-    missing = [name for name in HF_FILES if not (real / name).is_file()]
-    if missing:
+    files = hf_files(real)
+    if not files:
         raise InvalidCheckpointPath(
-            f"checkpoint directory {given!r} lacks {', '.join(missing)} "
-            f"(a checkpoint directory holds {' + '.join(HF_FILES)})"
+            f"checkpoint directory {given!r} is incomplete: a checkpoint directory holds {HF_DIR_HOLDS}"
         )
-    for name in HF_FILES:
+    for name in files:
         _inside(Path(os.path.realpath(real / name)), root, f"{given}/{name}")
 
 
@@ -72,5 +71,5 @@ def _check_torch_file(real: Path, given: str) -> None:
         raise InvalidCheckpointPath(
             f"checkpoint file {given!r} is not a torch.save archive (torch.save writes a zip archive; "
             "legacy pickle files are not accepted); a checkpoint directory holds "
-            f"{' + '.join(HF_FILES)}"
+            f"{HF_DIR_HOLDS}"
         )

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schemas.checkpoint_layout import HF_FILES, TORCH_SUFFIXES, is_hf_dir, is_torch_archive
+from schemas.checkpoint_layout import TORCH_SUFFIXES, hf_files, is_torch_archive
 
 
 def _candidates(root: Path) -> Iterator[tuple[Path, tuple[Path, ...]]]:
@@ -17,8 +17,8 @@ def _candidates(root: Path) -> Iterator[tuple[Path, tuple[Path, ...]]]:
             continue
         if path.is_file() and path.suffix in TORCH_SUFFIXES:
             yield path, (path,)
-        elif is_hf_dir(path):
-            yield path, tuple(path / f for f in HF_FILES)
+        elif files := hf_files(path):
+            yield path, tuple(path / f for f in files)
 
 
 def _signature(files: tuple[Path, ...]) -> tuple[tuple[int, int], ...] | None:

@@ -67,7 +67,7 @@ def test_submit_and_read_back(served) -> None:  # type: ignore[no-untyped-def]
         ("linked", "outside the checkpoint root"),
         ("nothing/here.pt", "does not exist"),
         ("notes.txt", "not a torch.save archive"),
-        ("half", "lacks model.safetensors"),
+        ("half", "is incomplete: a checkpoint directory holds config.json"),
         ("x" * 300 + ".pt", "cannot be resolved"),  # longer than a file name may be
     ],
 )

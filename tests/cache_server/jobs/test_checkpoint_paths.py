@@ -48,7 +48,7 @@ def test_an_absolute_path_inside_the_root_is_accepted(tree: tuple[Path, Path]) -
         ("linked", "outside the checkpoint root"),
         ("missing.pt", "does not exist"),
         ("notes.txt", "not a torch.save archive"),
-        ("half", "lacks model.safetensors"),
+        ("half", "is incomplete: a checkpoint directory holds config.json"),
         ("", "empty"),
         ("a\x00b", "NUL"),
     ],
