@@ -27,7 +27,6 @@ def hf_files(path: Path) -> tuple[str, ...]:
     return (HF_CONFIG, weights) if weights else ()
 
 
-
 def is_torch_archive(path: Path) -> bool:
     """A complete `torch.save` zip archive (its central directory, written last, is there)."""
     with path.open("rb") as f:
