@@ -78,13 +78,7 @@ def resolve_eagle3_layer_ids(
             f"{n} layers of target hidden size {target_hidden_size}: fc width must be {n} x {target_hidden_size} "
             f"= {n * target_hidden_size}"
         )
-    problem = layer_list_problem(resolved.ids, num_target_layers)
-    if problem is not None:
-        raise CheckpointRefused(
-            f"layer ids {list(resolved.ids)} (decoder outputs; {resolved.source}, read as {convention}) for a "
-            f"{num_target_layers}-layer target: {problem}"
-        )
-    return resolved
+    return _fitting(resolved, num_target_layers, f"decoder outputs; {resolved.source}, read as {convention}")
 
 
 def default_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
@@ -125,10 +119,14 @@ def resolve_layer_ids(
             f"{resolved.source} target_layer_ids {list(resolved.ids)} name {len(resolved.ids)} layers "
             f"(expected fc.weight [{fc_shape[0]}, {len(resolved.ids) * hidden_size}])"
         )
+    return _fitting(resolved, num_target_layers, resolved.source)
+
+
+def _fitting(resolved: ResolvedLayerIds, num_target_layers: int, how: str) -> ResolvedLayerIds:
+    """`resolved`, unless its ids are not distinct layers of the target."""
     problem = layer_list_problem(resolved.ids, num_target_layers)
     if problem is not None:
         raise CheckpointRefused(
-            f"target_layer_ids {list(resolved.ids)} ({resolved.source}) for a {num_target_layers}-layer "
-            f"target: {problem}"
+            f"target layer ids {list(resolved.ids)} ({how}) for a {num_target_layers}-layer target: {problem}"
         )
     return resolved

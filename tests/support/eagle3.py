@@ -18,6 +18,7 @@ from torch import Tensor
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.drafters.eagle3_config import Eagle3Config
 from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS
+from tests.support.tiny_trainer import attention_shape
 
 SaveLayout = Literal["eagle", "specforge", "speculators"]
 
@@ -25,15 +26,8 @@ SaveLayout = Literal["eagle", "specforge", "speculators"]
 def eagle3_config(target_config: Any, *, draft_vocab_size: int | None = None, **flags: Any) -> Eagle3Config:
     """A drafter shaped like the tiny target's attention (HF Qwen3 config), with the given math flags."""
     t = target_config
-    rope = getattr(t, "rope_parameters", None) or {}
     cfg = Eagle3Config(
-        hidden_size=t.hidden_size,
-        num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads,
-        head_dim=t.head_dim,
-        intermediate_size=t.intermediate_size,
-        rms_norm_eps=t.rms_norm_eps,
-        rope_theta=float(rope.get("rope_theta", getattr(t, "rope_theta", 1e6))),
+        **attention_shape(t),
         vocab_size=t.vocab_size,
         draft_vocab_size=draft_vocab_size or t.vocab_size,
         target_hidden_size=t.hidden_size,

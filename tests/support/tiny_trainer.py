@@ -40,6 +40,20 @@ def make_sequences(
     return Sequences(ids, taps, [len(p) for p in prompts])
 
 
+def attention_shape(t: Any) -> dict[str, Any]:
+    """A drafter layer shaped like the target's (HF Qwen3 config): hidden, heads, head dim, MLP, norm, RoPE."""
+    rope = getattr(t, "rope_parameters", None) or {}
+    return {
+        "hidden_size": t.hidden_size,
+        "num_attention_heads": t.num_attention_heads,
+        "num_key_value_heads": t.num_key_value_heads,
+        "head_dim": t.head_dim,
+        "intermediate_size": t.intermediate_size,
+        "rms_norm_eps": t.rms_norm_eps,
+        "rope_theta": float(rope.get("rope_theta", getattr(t, "rope_theta", 1e6))),
+    }
+
+
 def tiny_drafter_config(
     target_config: Any,
     layer_ids: Sequence[int],
@@ -50,16 +64,9 @@ def tiny_drafter_config(
 ) -> DrafterConfig:
     """A drafter shaped like the target's attention (HF Qwen3 config); mask = the last spare vocab row."""
     t = target_config
-    rope = getattr(t, "rope_parameters", None) or {}
     return DrafterConfig(
-        hidden_size=t.hidden_size,
+        **attention_shape(t),
         num_layers=num_layers,
-        num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads,
-        head_dim=t.head_dim,
-        intermediate_size=t.intermediate_size,
-        rms_norm_eps=t.rms_norm_eps,
-        rope_theta=float(rope.get("rope_theta", getattr(t, "rope_theta", 1e6))),
         block_size=block_size,
         mask_token_id=t.vocab_size - 1 if mask_token_id is None else mask_token_id,
         target_layer_ids=tuple(layer_ids),
