@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, nargs=2, default=[30, 200], help="the two checkpoint steps")
     args = p.parse_args(argv)
     if args.layers < 7:
-        p.error("--layers must be at least 7: EAGLE-3's default taps (layer inputs 2, L//2, L-3) need 3 distinct layers")
+        p.error("--layers must be >= 7: EAGLE-3's default taps (layer inputs 2, L//2, L-3) must be distinct")
     started = time.perf_counter()
     torch.manual_seed(0)
     shutil.rmtree(args.workdir, ignore_errors=True)
