@@ -63,6 +63,12 @@ class LoadedCheckpoint:
         """Where those ids came from."""
         return self.layer_ids.source
 
+    @property
+    def tap_width(self) -> int:
+        """Width of one target layer's features as the drafter reads them (the target's hidden size)."""
+        cfg = self.config
+        return cfg.target_hidden_size if isinstance(cfg, Eagle3Config) else cfg.hidden_size
+
 
 @dataclass(frozen=True)
 class RawCheckpoint:

@@ -37,10 +37,10 @@ def check_features(features: Features, prompt_id: str, fingerprint: str, checkpo
         )
     if meta.layer_convention != LAYER_CONVENTION:
         raise FeatureMismatch(f"prompt {prompt_id}: layer convention {meta.layer_convention!r} != {LAYER_CONVENTION!r}")
-    if meta.hidden_size != checkpoint.config.hidden_size:
+    if meta.hidden_size != checkpoint.tap_width:
         raise FeatureMismatch(
-            f"prompt {prompt_id}: features have hidden size {meta.hidden_size}, the drafter "
-            f"{checkpoint.config.hidden_size}"
+            f"prompt {prompt_id}: features have hidden size {meta.hidden_size}, the drafter reads "
+            f"{checkpoint.tap_width}"
         )
     total = features.token_ids.shape[0]
     if hidden.shape[0] != total or meta.start != 0 or meta.stop != total:

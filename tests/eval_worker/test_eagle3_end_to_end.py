@@ -3,8 +3,10 @@ every layout - the same served layers, the same round taus, and equal to the off
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,36 @@ def test_every_layout_evaluates_to_the_in_process_walk(
     assert "[2, 6, 9] as layer_input (layer inputs" in capsys.readouterr().out
     # A DDTree budget on an EAGLE-3 checkpoint is refused, not ignored.
     assert main(["evaluate", str(paths[0]), "--server", url, "--all-prompts", "--tree-budget", "4"]) == 1
+    # A flag the loader does not know stops the run with exit 2, naming it.
+    config = json.loads((paths[2] / "config.json").read_text()) | {"norm_before_attention": True}
+    (paths[2] / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["evaluate", str(paths[2]), "--server", url, "--all-prompts"]) == 2
+    assert "['norm_before_attention'] are not known" in capsys.readouterr().err
+
+
+def test_a_narrower_drafter_with_its_own_embedding(
+    served: tuple[str, Path], eagle_target: Any, eagle_sequences: Sequences, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """hidden 32 reading taps of the 64-wide target (`target_hidden_size`), embedding from the checkpoint."""
+    url, _ = served
+    monkeypatch.setenv("EVAL_WORKER_HEADS_CACHE", str(tmp_path / "heads"))
+    narrow = replace(eagle3_config(eagle_target.config), hidden_size=32, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=8, intermediate_size=48)  # fmt: skip
+    drafter = random_eagle3(narrow, 3, seed=7, has_embed=True)
+    assert drafter.cfg.target_hidden_size == 64
+    path = save_eagle3(tmp_path / "narrow", drafter, "speculators", layer_ids=[2, 6, 9])
+    out = tmp_path / "narrow.json"
+    argv = ["evaluate", str(path), "--server", url, "--all-prompts", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    report = EvalReport.model_validate_json(out.read_text())
+    seqs = eagle_sequences
+    prompts = [PromptFeatures(t, ids.tolist(), n) for t, ids, n in zip(seqs.taps, seqs.token_ids, seqs.prompt_lens,
+                                                                       strict=True)]  # fmt: skip
+    truth = walk_eagle_prompts(drafter, prompts, drafter.embed_tokens.weight, steps=3, trees=[], cost=DraftCost())
+    assert report.steps == 3  # the speculators config names 3 speculative tokens
+    assert [p.chain.round_taus for p in report.prompts] == [w[CHAIN] for w in truth]
 
 
 def test_jobs_and_compare_show_both_families(
