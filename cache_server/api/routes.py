@@ -3,6 +3,7 @@ Blocking work runs in threads, never on the event loop."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
@@ -100,7 +101,8 @@ async def hidden(
     lo, hi = token_range(manifest, start, stop)
     if encoding == ENCODING:
         pieces = await run_in_threadpool(service.pieces_body, manifest, ids, lo, hi)
-        return Response(content=pieces, media_type=MEDIA_TYPE)
+        return StreamingResponse(_parts(pieces.parts), media_type=MEDIA_TYPE,
+                                 headers={"Content-Length": str(pieces.nbytes)})  # fmt: skip
     if service.stream_hidden:  # sent block by block while the next block decodes
         stream = await service.hidden_stream(manifest, ids, lo, hi)
         return StreamingResponse(stream.pieces, media_type=SAFETENSORS, headers={"Content-Length": str(stream.nbytes)})
@@ -122,3 +124,9 @@ async def target_heads(service: ServiceDep) -> Response:
 def metrics(service: ServiceDep) -> Response:
     """Prometheus metrics: prompts computed and failed, /hidden requests and bytes, compute time."""
     return Response(content=service.metrics.render(), media_type=PROMETHEUS)
+
+
+async def _parts(parts: list[memoryview | bytes]) -> AsyncIterator[memoryview | bytes]:
+    """A body already in memory, sent as its parts (no joined copy)."""
+    for part in parts:
+        yield part

@@ -1,8 +1,12 @@
-"""The `GET /hidden?encoding=pieces` body (`schemas/pieces.py`): the stored pieces as they are."""
+"""The `GET /hidden?encoding=pieces` body (`schemas/pieces.py`): the stored pieces as they are.
+
+The body is sent as its parts (header, each piece, token ids), never joined: joining would copy
+every byte once more into a fresh buffer."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -11,12 +15,24 @@ from cache_server.store.manifest import PromptManifest
 from schemas.pieces import Piece, pieces_header
 
 
+@dataclass(frozen=True)
+class PiecesBody:
+    """A pieces body as the buffers to send in order, and their total length."""
+
+    parts: list[memoryview | bytes]
+    nbytes: int
+
+    def joined(self) -> bytes:
+        """The whole body in one buffer (for tests and in-process readers)."""
+        return b"".join(self.parts)
+
+
 def pieces_body(
     store: HiddenStore, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int, metadata: dict[str, str]
-) -> bytes:
+) -> PiecesBody:
     """Rows start:stop of `layers` as stored (blocks the rows need), with the token ids."""
     index: list[Piece] = []
-    payloads: list[bytes] = []
+    payloads: list[memoryview] = []
     offset = 0
     for i, layer_pieces in enumerate(store.encoded(manifest.prompt_id, layers, start, stop)):
         for at, rows, kind, payload, skip in layer_pieces:
@@ -26,4 +42,4 @@ def pieces_body(
     token_ids = np.ascontiguousarray(store.token_ids(manifest.prompt_id)[start:stop], dtype="<i8").tobytes()
     head = pieces_header(metadata, manifest.dtype, stop - start, manifest.hidden_size, len(layers), index,
                          (offset, len(token_ids)))  # fmt: skip
-    return b"".join([head, *payloads, token_ids])
+    return PiecesBody([head, *payloads, token_ids], len(head) + offset + len(token_ids))

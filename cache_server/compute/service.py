@@ -12,7 +12,7 @@ from functools import cached_property
 from cache_server.capture.target import Target
 from cache_server.compute.bodies import heads_body, hidden_body, hidden_metadata
 from cache_server.compute.metrics import Metrics
-from cache_server.compute.pieces_body import pieces_body
+from cache_server.compute.pieces_body import PiecesBody, pieces_body
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.scheduler import Scheduler
 from cache_server.compute.streaming import BlockBuffers, HiddenStream, hidden_stream
@@ -214,11 +214,11 @@ class HiddenStateService:
         self._count(stream.nbytes)
         return stream
 
-    def pieces_body(self, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> bytes:
+    def pieces_body(self, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> PiecesBody:
         """The `GET /hidden?encoding=pieces` body: the stored pieces, for a client that decodes them."""
         metadata = hidden_metadata(manifest, layers, start, stop).to_strings()
         body = pieces_body(self.store, manifest, layers, start, stop, metadata)
-        self._count(len(body))
+        self._count(body.nbytes)
         return body
 
     def _count(self, nbytes: int) -> None:

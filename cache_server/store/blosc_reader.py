@@ -194,19 +194,21 @@ class ChunkReader:
         if not whole:
             out[...] = dest.reshape(chunks.chunk_rows, chunks.width)[lo:hi]
 
-    def encoded(self, chunks: BloscChunks, chunk: int, lo: int, hi: int) -> tuple[str, bytes, int]:
+    @staticmethod
+    def encoded(chunks: BloscChunks, chunk: int, lo: int, hi: int) -> tuple[str, memoryview, int]:
         """Rows lo:hi of a chunk as stored, for a client that decodes: ("blosc", a Blosc chunk holding
         just the blocks those rows need, offset of row lo in what it decodes to), or for a chunk
-        stored uncompressed ("raw", the rows' bytes, 0)."""
+        stored uncompressed ("raw", the rows' bytes, 0). Read into a buffer of its own, which the
+        response holds until it is sent (large numpy buffers fault in huge pages; bytes would not)."""
         row_bytes = chunks.width * chunks.dtype.itemsize
         with _checked_chunk(chunks, chunk) as (fd, header):
             if header[2] & _MEMCPYED:
-                rows = bytearray((hi - lo) * row_bytes)
-                _read_at(fd, memoryview(rows), _BLOSC_HEADER.size + lo * row_bytes, chunk)
-                return "raw", bytes(rows), 0
-            into = self._buffer("file", header[6])
+                rows = memoryview(np.empty((hi - lo) * row_bytes, np.uint8).data)
+                _read_at(fd, rows, _BLOSC_HEADER.size + lo * row_bytes, chunk)
+                return "raw", rows, 0
+            into = np.empty(header[6], np.uint8)
             src, skip = _blocks_holding(fd, header, lo * row_bytes, hi * row_bytes, into, chunk)
-            return "blosc", bytes(src), skip  # a copy: the thread's buffer is reused
+            return "blosc", src, skip
 
     @staticmethod
     def _decode(src: memoryview, dest: np.ndarray, chunk: int) -> None:

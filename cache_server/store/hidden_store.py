@@ -230,16 +230,20 @@ class HiddenStore:
         chunks cut to the blocks the rows need, or raw rows (RAM-cached, stored uncompressed, or of a
         layer in another layout, decoded here)."""
         m, _ = self._checked(prompt_id, layers, start, stop)
+        cached = {k: self._ram.get(self.fingerprint, prompt_id, k) if self._ram is not None else None for k in layers}
+        stored = self._reader.encoded(m, [k for k in layers if cached[k] is None], start, stop)
+        from_disk = dict(zip([k for k in layers if cached[k] is None], stored, strict=True))
         out = []
         for k in layers:
-            cached = self._ram.get(self.fingerprint, prompt_id, k) if self._ram is not None else None
-            pieces = None if cached is not None else self._reader.encoded(m, k, start, stop)
-            if pieces is None:  # sent decoded: from RAM, or decoded here
-                rows = cached[start:stop] if cached is not None else None
+            pieces = from_disk.get(k)
+            if pieces is None:  # sent decoded: from RAM (no copy: cached arrays never change), or decoded here
+                found = cached[k]
+                rows = found[start:stop] if found is not None else None
                 if rows is None:
                     rows = np.empty((stop - start, self.hidden_size), self._storage_dtype)
                     self._reader.read(m, [(k, rows, start, stop)])
-                pieces = [(0, stop - start, "raw", rows.tobytes(), 0)]
+                raw = np.ascontiguousarray(rows).reshape(-1).view(np.uint8)
+                pieces = [(0, stop - start, "raw", memoryview(raw.data), 0)]
             out.append(pieces)
         return out
 

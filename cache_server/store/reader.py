@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,8 @@ READ_ERRORS = (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarr
 # `blosc_reader.ChunkReader` (faster than zarr; None: read through zarr).
 _Layer = tuple[zarr.Array[Any], blosc_reader.BloscChunks | None]
 LayerRead = tuple[int, np.ndarray, int, int]  # (layer id, out [stop - start, H], start, stop)
-EncodedPiece = tuple[int, int, str, bytes, int]  # (first row in the range, rows, "blosc" | "raw", payload, skip)
+# (first row in the range, rows, "blosc" | "raw", payload, skip)
+EncodedPiece = tuple[int, int, str, memoryview, int]
 
 
 class LayerReader:
@@ -72,19 +73,24 @@ class LayerReader:
         for f in futures:
             f.result()
 
-    def encoded(self, m: PromptManifest, layer: int, start: int, stop: int) -> list[EncodedPiece] | None:
-        """Rows start:stop of a layer as stored (see `ChunkReader.encoded`), or None for a layer not
-        laid out as `chunks.write_array` writes it (the caller decodes those)."""
-        _, blosc = self._layer_array(m, layer)
-        if blosc is None:
-            return None
-        try:
-            return [
-                (at, hi - lo, *self._chunk_reader.encoded(blosc, c, lo, hi))
-                for c, lo, hi, at in blosc.pieces(start, stop)
-            ]
-        except READ_ERRORS as e:
-            raise StoreCorrupt(f"prompt {m.prompt_id!r} layer {layer}: {e}") from e
+    def encoded(
+        self, m: PromptManifest, layers: Sequence[int], start: int, stop: int
+    ) -> list[list[EncodedPiece] | None]:
+        """Per layer, rows start:stop as stored (see `ChunkReader.encoded`), read on the pool; None for a
+        layer not laid out as `chunks.write_array` writes it (the caller decodes those)."""
+        plans: list[list[tuple[int, int, Future[tuple[str, memoryview, int]]]] | None] = []
+        for k in layers:
+            _, blosc = self._layer_array(m, k)
+            if blosc is None:
+                plans.append(None)
+                continue
+            read = partial(_encoded_guarded, m.prompt_id, k, blosc)
+            plans.append(
+                [(at, hi - lo, self._pool.submit(read, c, lo, hi)) for c, lo, hi, at in blosc.pieces(start, stop)]
+            )
+        futures = [f for plan in plans if plan for _, _, f in plan]
+        wait(futures)  # all of them, before any error is raised
+        return [None if plan is None else [(at, n, *f.result()) for at, n, f in plan] for plan in plans]
 
     def _layer_dir(self, prompt_id: str, layer: int) -> Path:
         return self._prompts / prompt_id / "layers" / str(layer)
@@ -109,6 +115,14 @@ class LayerReader:
                 if len(self._arrays) > _OPEN_ARRAYS:
                     self._arrays.popitem(last=False)
         return found
+
+
+def _encoded_guarded(prompt_id: str, layer: int, blosc: blosc_reader.BloscChunks, chunk: int, lo: int,
+                     hi: int) -> tuple[str, memoryview, int]:  # fmt: skip
+    try:
+        return blosc_reader.ChunkReader.encoded(blosc, chunk, lo, hi)
+    except READ_ERRORS as e:
+        raise StoreCorrupt(f"prompt {prompt_id!r} layer {layer}: {e}") from e
 
 
 def _read_guarded(prompt_id: str, layer: int, read: Callable[[], None]) -> None:
