@@ -15,7 +15,7 @@ from typing import Any, Literal
 import httpx
 import numpy as np
 
-from cache_server.client.bodies import BodyReader, BodyTruncated
+from cache_server.client.bodies import BodyReader, BodyTruncated, Scratch
 from cache_server.client.errors import (
     NotFoundError,
     PromptFailedError,
@@ -23,7 +23,7 @@ from cache_server.client.errors import (
     ServerUnreachable,
     error_class,
 )
-from cache_server.client.pieces import decode_pieces
+from cache_server.client.pieces import OutMismatch, check_out, decode_pieces
 from cache_server.client.results import HiddenResult, TargetHeads
 from schemas.errors import ErrorCode
 from schemas.hidden import EMBED_TENSOR, HIDDEN_TENSOR, LM_HEAD_TENSOR, TOKEN_IDS_TENSOR, HiddenMetadata
@@ -74,6 +74,7 @@ class CacheClient:
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
         # Tensor bodies skip httpx, unless a transport is passed in (tests): then everything uses it.
         self._bodies = BodyReader(self.base_url, timeout=timeout, headers=headers) if transport is None else None
+        self._scratch = Scratch()  # receive buffers of bodies decoded into an array of their own
 
     def __enter__(self) -> CacheClient:
         return self
@@ -167,13 +168,15 @@ class CacheClient:
 
     # -- tensor endpoints -----------------------------------------------------------------------
 
-    def _get_body(self, path: str, params: dict[str, Any] | None = None) -> tuple[np.ndarray | bytes, str]:
+    def _get_body(
+        self, path: str, params: dict[str, Any] | None = None, *, scratch: bool = False
+    ) -> tuple[np.ndarray | bytes, str]:
         """A tensor body in one buffer preallocated from Content-Length (no growing copies), and its
-        content type."""
+        content type. `scratch`: into this thread's reused buffer, valid until its next scratch read."""
         if self._bodies is None:
             return self._get_body_httpx(path, params)
         try:
-            body = self._bodies.get(path, params)
+            body = self._bodies.get(path, params, into=self._scratch if scratch else None)
         except BodyTruncated as e:
             raise ProtocolError(str(e)) from e
         except (OSError, http.client.HTTPException) as e:
@@ -212,25 +215,32 @@ class CacheClient:
         start: int | None = None,
         stop: int | None = None,
         encoding: Literal["pieces", "safetensors"] = "pieces",
+        out: np.ndarray | None = None,
     ) -> HiddenResult:
         """Hidden states of `layers` (in this order) concatenated per token, with the token ids (numpy).
 
         By default the server sends the stored compressed pieces and they are decoded here, on this
-        machine's cores; `encoding="safetensors"` asks for the decoded body. The array is the same."""
+        machine's cores; `encoding="safetensors"` asks for the decoded body. The array is the same.
+        `out` (C-contiguous, [rows, len(layers) * H], the served dtype) receives the hidden states
+        instead of a new array: reusing one saves the page faults of fresh memory on every call."""
         params: dict[str, Any] = {"prompt_id": prompt_id, "layers": format_layer_list(layers), "encoding": encoding}
         if start is not None:
             params["start"] = start
         if stop is not None:
             params["stop"] = stop
         try:
-            data, content_type = self._get_body("/hidden", params)
+            # The body lands in this thread's reused buffer and is decoded or copied out of it: faulting
+            # fresh pages inside the socket read costs more than the copy (bench/serve_hidden.py).
+            data, content_type = self._get_body("/hidden", params, scratch=True)
             if content_type.startswith(PIECES_MEDIA_TYPE):
-                hidden, token_ids, meta = decode_pieces(data)
+                hidden, token_ids, meta = decode_pieces(data, out)
             else:
                 tensors, meta = parse(data)
-                hidden, token_ids = tensors[HIDDEN_TENSOR], tensors[TOKEN_IDS_TENSOR]
+                hidden, token_ids = _copied(tensors[HIDDEN_TENSOR], out), tensors[TOKEN_IDS_TENSOR].copy()
             metadata = HiddenMetadata.from_strings(meta)
             result = HiddenResult(hidden, token_ids, metadata)
+        except OutMismatch:
+            raise
         except (WireFormatError, KeyError, ValueError, TypeError) as e:
             raise ProtocolError(f"malformed /hidden body for {prompt_id}: {e}") from e
         if metadata.layers != list(layers) or result.hidden.shape[1] != len(layers) * metadata.hidden_size:
@@ -246,3 +256,12 @@ class CacheClient:
             return TargetHeads(tensors[EMBED_TENSOR], tensors[LM_HEAD_TENSOR], meta["model_fingerprint"])
         except (WireFormatError, KeyError) as e:
             raise ProtocolError(f"malformed /target/heads body: {e}") from e
+
+
+def _copied(hidden: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """`hidden` copied into `out` (checked), or into a new array."""
+    if out is None:
+        return hidden.copy()
+    check_out(out, hidden.shape, hidden.dtype)
+    np.copyto(out, hidden)
+    return out

@@ -1,39 +1,80 @@
 """Decoding a `GET /hidden?encoding=pieces` body on the client's cores into the same array the
-safetensors body carries. numcodecs (Blosc) is imported only here, when a body is decoded."""
+safetensors body carries. numcodecs (Blosc) is imported only here, when a body is decoded.
+
+Each piece decodes into its thread's reused buffer and is copied once into its rows and columns of
+the result: decoding into fresh memory per piece would page-fault on every call."""
 
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
+from cache_server.client.bodies import Scratch
 from schemas.pieces import read_pieces_header
 from schemas.safetensors_frame import numpy_dtype
 
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_decoded = Scratch()  # per decode thread
+_BLOCK_SLACK = 64 << 20  # a piece cut to whole Blosc blocks decodes at most this much beyond its rows
 
-def decode_pieces(body: np.ndarray | bytes) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
-    """(hidden [rows, layers * H], token_ids [rows] int64, metadata) of a pieces body; ValueError on a
-    malformed one."""
+
+def _decode_pool() -> ThreadPoolExecutor:
+    """One pool for the process (Blosc releases the GIL: pieces decode in parallel), so its threads'
+    buffers are reused from call to call."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="pieces-decode")
+        return _pool
+
+
+class OutMismatch(ValueError):
+    """A caller's `out` array does not fit the body (the caller's error, not the server's)."""
+
+
+def check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+    """OutMismatch unless `out` is C-contiguous with this shape and dtype."""
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise OutMismatch(f"out must be a C-contiguous {dtype} array of shape {list(shape)}, got {out.dtype} "
+                          f"{list(out.shape)}")  # fmt: skip
+
+
+def decode_pieces(
+    body: np.ndarray | bytes, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
+    """(hidden [rows, layers * H], token_ids [rows] int64, metadata) of a pieces body, hidden written into
+    `out` when given (C-contiguous, that shape and dtype); ValueError on a malformed one or a wrong `out`."""
     from numcodecs import blosc  # the one heavy import of the client, only for this path
 
     view = memoryview(body.data if isinstance(body, np.ndarray) else body).cast("B")
     header, data = read_pieces_header(view)
     rows, h, dtype = int(header["rows"]), int(header["hidden_size"]), numpy_dtype(header["dtype"])
-    hidden = np.empty((rows, int(header["layers"]) * h), dtype)
+    shape = (rows, int(header["layers"]) * h)
+    hidden = np.empty(shape, dtype) if out is None else out
+    check_out(hidden, shape, dtype)
     row_bytes = h * dtype.itemsize
 
-    def one(piece: list[object]) -> None:
-        i, at, n, kind, offset, nbytes, skip = piece
-        src = view[data + int(offset) : data + int(offset) + int(nbytes)]  # type: ignore[call-overload]
+    def one(piece: list[Any]) -> None:
+        i, at, n, offset, nbytes, skip = (int(piece[k]) for k in (0, 1, 2, 4, 5, 6))
+        src = view[data + offset : data + offset + nbytes]
         if len(src) != nbytes:
             raise ValueError(f"piece of layer {i} at row {at} runs past the body")
-        decoded = src if kind == "raw" else memoryview(blosc.decompress(src))
-        rows_bytes = np.frombuffer(decoded, np.uint8, int(n) * row_bytes, int(skip))  # type: ignore[call-overload]
-        hidden[int(at) : int(at) + int(n), int(i) * h : (int(i) + 1) * h] = rows_bytes.view(dtype).reshape(int(n), h)  # type: ignore[call-overload]
+        decoded: memoryview | np.ndarray = src
+        if piece[3] != "raw":
+            size, need = int.from_bytes(src[4:8], "little"), skip + n * row_bytes  # a Blosc 1 header's nbytes
+            if not need <= size <= need + _BLOCK_SLACK:
+                raise ValueError(f"piece of layer {i} at row {at} decodes to {size} bytes; its rows need {need}")
+            decoded = _decoded(size)
+            blosc.decompress(src, decoded)
+        rows_bytes = np.frombuffer(decoded, np.uint8, n * row_bytes, skip)
+        hidden[at : at + n, i * h : (i + 1) * h] = rows_bytes.view(dtype).reshape(n, h)
 
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        list(pool.map(one, header["pieces"]))  # Blosc releases the GIL: pieces decode in parallel
+    list(_decode_pool().map(one, header["pieces"]))
     lo, n = header["token_ids"]
     token_ids = np.frombuffer(view[data + lo : data + lo + n], "<i8").astype(np.int64)
     return hidden, token_ids, header["__metadata__"]

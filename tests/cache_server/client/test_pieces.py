@@ -4,6 +4,7 @@ safetensors body carries, over real HTTP, for whole prompts, ranges across chunk
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from cache_server.api.app import create_app
 from cache_server.client import CacheClient
+from cache_server.client.pieces import OutMismatch
 from cache_server.store import chunks
 from schemas.pieces import read_pieces_header
 from tests.cache_server.helpers import register_ready, serve_settings
@@ -55,3 +57,26 @@ def test_pieces_are_the_stored_blosc_blocks_unless_ram_cached(
             if not ram:
                 assert len(body.content) < len(plain.content)  # compressed on the wire
     assert kinds == {0.0: ["blosc"], 0.01: ["raw"]}
+
+
+@pytest.mark.parametrize("encoding", ["pieces", "safetensors"])
+def test_results_own_their_memory_and_out_receives_the_same_bytes(
+    tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: Any
+) -> None:
+    """Bodies land in a reused receive buffer: no result may alias it, and `out` gets the same bytes."""
+    monkeypatch.setattr(chunks, "CHUNK_TOKENS", 16)
+    settings = serve_settings(tiny_target, tmp_path / "store", dtype="bfloat16")
+    with TestClient(create_app(settings)) as local:
+        [pid] = register_ready(local, [{"token_ids": TOKENS}], layer=3)
+    with serving_app(create_app(settings)) as url, CacheClient(url) as client:
+        first = client.hidden(pid, [4, 0, 2], encoding=encoding)
+        kept = first.hidden.tobytes(), first.token_ids.tobytes()
+        client.hidden(pid, [1, 3], start=5, stop=30, encoding=encoding)  # reuses the receive buffer
+        assert (first.hidden.tobytes(), first.token_ids.tobytes()) == kept
+        out = np.zeros_like(first.hidden)
+        into = client.hidden(pid, [4, 0, 2], encoding=encoding, out=out)
+        assert into.hidden is out and out.tobytes() == kept[0]
+        with pytest.raises(OutMismatch, match=r"shape \[40, 192\]"):
+            client.hidden(pid, [4, 0, 2], encoding=encoding, out=out[:, :128])
+        with pytest.raises(OutMismatch, match="bfloat16"):
+            client.hidden(pid, [4, 0, 2], encoding=encoding, out=np.zeros(out.shape, np.float32))
