@@ -62,6 +62,7 @@ LIMIT = "limit:"
 STORE = "store read: hidden_body in-process (decode into the body)"
 RAM, E2E = "HTTP from RAM", "GET /hidden"
 HTTP, TOTAL = f"{RAM}: CacheClient._get_body", f"{E2E}: CacheClient.hidden pieces (decoded by the client)"
+OUT = f"{E2E}: CacheClient.hidden pieces, out= a reused array"
 RAM_HIT = f"{E2E}: CacheClient.hidden, --ram-cache-gb hit"
 ONE_BUFFER = f"{E2E} --no-stream-hidden: CacheClient.hidden safetensors"
 PLAIN = f"{E2E}: CacheClient.hidden safetensors (decoded on the server)"
@@ -329,6 +330,8 @@ def run(args: argparse.Namespace) -> None:
         plain = stack.enter_context(httpx.Client(base_url=url, timeout=120))
         query = {"prompt_id": pid, "layers": ",".join(map(str, layers))}
         hidden_path, ram_path = f"/hidden?{urlencode(query)}", f"{RAM_ROUTE}?{urlencode(query)}"
+        out = client.hidden(pid, layers).hidden.copy()  # the caller's reused array for the out= rows
+        pieces_nbytes = int(client._get_body("/hidden", {**query, "encoding": "pieces"})[0].nbytes)
         threads = args.read_threads
         paths: dict[str, Callable[[], object]] = {
             f"{LIMIT} raw loopback socket, one buffer": stack.enter_context(raw_socket(nbytes, fresh=False)),
@@ -346,16 +349,21 @@ def run(args: argparse.Namespace) -> None:
             ),
             f"{RAM}: httpx .content": lambda: plain.get(ram_path).content,
             TOTAL: lambda: client.hidden(pid, layers),
+            OUT: lambda: client.hidden(pid, layers, out=out),
+            f"{E2E}: http.client readinto pieces body, one buffer": stack.enter_context(
+                http_client_readinto(url, f"{hidden_path}&encoding=pieces", pieces_nbytes, fresh=False)
+            ),
             f"{E2E}: http.client readinto, one buffer": stack.enter_context(
                 http_client_readinto(url, hidden_path, nbytes, fresh=False)
             ),
             f"{E2E}: httpx .content": lambda: plain.get(hidden_path).content,
             PLAIN: lambda: client.hidden(pid, layers, encoding="safetensors"),
+            f"{PLAIN}, out=": lambda: client.hidden(pid, layers, encoding="safetensors", out=out),
             ONE_BUFFER: lambda: buffer_client.hidden(pid, layers, encoding="safetensors"),
             f"{E2E} --no-stream-hidden: http.client readinto, one buffer": stack.enter_context(
                 http_client_readinto(buffer_url, hidden_path, nbytes, fresh=False)
             ),
-            RAM_HIT: lambda: ram_client.hidden(pid, layers, encoding="safetensors"),
+            RAM_HIT: lambda: ram_client.hidden(pid, layers),
             RANGE: lambda: client.hidden(pid, layers, start=960, stop=1088),
         }
         rows = interleaved_medians(paths, args.repeats)
