@@ -26,6 +26,7 @@ from cache_server.client.errors import (
     UnauthorizedError,
 )
 from cache_server.client.jobs import JobsClient
+from cache_server.client.pieces import OutMismatch
 from cache_server.client.results import HiddenResult, TargetHeads
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "LeaseLostError",
     "NotFoundError",
     "NotReadyError",
+    "OutMismatch",
     "PromptFailedError",
     "ProtocolError",
     "ReportNotReadyError",

@@ -11,8 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cache_server.api.app import create_app
-from cache_server.client import CacheClient
-from cache_server.client.pieces import OutMismatch
+from cache_server.client import CacheClient, OutMismatch
 from cache_server.store import chunks
 from schemas.pieces import read_pieces_header
 from tests.cache_server.helpers import register_ready, serve_settings
