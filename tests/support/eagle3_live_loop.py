@@ -25,7 +25,7 @@ from tests.support.taps import target_forward
 
 @dataclass
 class _Node:
-    """One drafter position: its key/value [nkv, D] and the positions (indices into the round's list) it sees."""
+    """One drafter position's key and value, [nkv, D] each (RoPE'd at its position)."""
 
     key: Tensor
     value: Tensor
