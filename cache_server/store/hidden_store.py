@@ -226,23 +226,22 @@ class HiddenStore:
             ram.put(self.fingerprint, prompt_id, k, whole)  # type: ignore[union-attr]
 
     def encoded(self, prompt_id: str, layers: Sequence[int], start: int, stop: int) -> list[list[EncodedPiece]]:
-        """Per layer (request order), rows start:stop as stored, for a client that decodes them: Blosc
-        chunks cut to the blocks the rows need, or raw rows (RAM-cached, stored uncompressed, or of a
-        layer in another layout, decoded here)."""
+        """Per layer (request order), rows start:stop as stored: Blosc chunks cut to the blocks the rows
+        need, or raw rows (RAM-cached, stored uncompressed, or of another layout: decoded here)."""
         m, _ = self._checked(prompt_id, layers, start, stop)
         cached = {k: self._ram.get(self.fingerprint, prompt_id, k) if self._ram is not None else None for k in layers}
-        stored = self._reader.encoded(m, [k for k in layers if cached[k] is None], start, stop)
-        from_disk = dict(zip([k for k in layers if cached[k] is None], stored, strict=True))
+        on_disk = [k for k in layers if cached[k] is None]
+        stored = dict(zip(on_disk, self._reader.encoded(m, on_disk, start, stop), strict=True))
         out = []
         for k in layers:
-            pieces = from_disk.get(k)
+            pieces, rows = stored.get(k), cached[k]
             if pieces is None:  # sent decoded: from RAM (no copy: cached arrays never change), or decoded here
-                found = cached[k]
-                rows = found[start:stop] if found is not None else None
                 if rows is None:
-                    rows = np.empty((stop - start, self.hidden_size), self._storage_dtype)
-                    self._reader.read(m, [(k, rows, start, stop)])
-                raw = np.ascontiguousarray(rows).reshape(-1).view(np.uint8)
+                    part = np.empty((stop - start, self.hidden_size), self._storage_dtype)
+                    self._reader.read(m, [(k, part, start, stop)])
+                else:
+                    part = rows[start:stop]
+                raw = np.ascontiguousarray(part).reshape(-1).view(np.uint8)
                 pieces = [(0, stop - start, "raw", memoryview(raw.data), 0)]
             out.append(pieces)
         return out
