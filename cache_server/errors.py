@@ -6,6 +6,7 @@ CacheServerError
 │   ├── InvalidPrompt       a prompt that cannot be tokenized, is too long or has bad ids
 │   ├── InvalidLayers       a layer list or token range outside the target
 │   ├── UnknownPrompts      a job names prompt ids that are not registered
+│   ├── UnknownSets         a request names prompt sets that do not exist
 │   └── InvalidCheckpointPath  a job's checkpoint is outside the root, missing or not a checkpoint
 ├── Unauthorized            a write without the server's bearer token (401)
 ├── JobsDisabled            job submission without --checkpoint-root (403)
@@ -74,6 +75,12 @@ class UnknownPrompts(InvalidRequest):
     """A job names prompt ids that are not registered for the target."""
 
     code = ErrorCode.unknown_prompts
+
+
+class UnknownSets(InvalidRequest):
+    """A request names prompt sets that no registration created."""
+
+    code = ErrorCode.unknown_sets
 
 
 class InvalidCheckpointPath(InvalidRequest):

@@ -17,6 +17,7 @@ class ErrorCode(StrEnum):
     invalid_prompt = "invalid_prompt"
     invalid_layers = "invalid_layers"
     unknown_prompts = "unknown_prompts"
+    unknown_sets = "unknown_sets"
     invalid_checkpoint_path = "invalid_checkpoint_path"
     # 400: a request the HTTP parser could not read (e.g. a request line over its limit)
     bad_http_request = "bad_http_request"
@@ -51,6 +52,7 @@ class ErrorCode(StrEnum):
 STATUS: dict[ErrorCode, int] = {
     ErrorCode.invalid_request: 422,
     ErrorCode.invalid_prompt: 422,
+    ErrorCode.unknown_sets: 422,
     ErrorCode.invalid_layers: 422,
     ErrorCode.unknown_prompts: 422,
     ErrorCode.invalid_checkpoint_path: 422,

@@ -7,8 +7,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
+from schemas.prompts import SetName
 from schemas.report import EvalReport
 from schemas.trees import EagleTreeShape
 
@@ -49,6 +50,18 @@ class JobSubmit(BaseModel):
     layer_convention: Literal["layer_input", "decoder_output_0based"] | None = Field(
         default=None, description="EAGLE-3: read the checkpoint's layer ids in this convention"
     )
+    sets: list[SetName] = Field(
+        default_factory=list,
+        max_length=64,
+        description='with prompts "all": only these sets, reported per set',
+    )
+
+    @model_validator(mode="after")
+    def _prompts_or_sets(self) -> JobSubmit:
+        if self.sets and self.prompts != "all":
+            raise ValueError('sets choose the prompts: give prompts "all" (the default) with them, or prompt ids alone')
+        _distinct(self.sets, "sets")
+        return self
 
     @field_validator("eagle_trees")
     @classmethod
@@ -106,6 +119,7 @@ class JobState(BaseModel):
     steps: int | None = None
     eagle_trees: list[str] = Field(default_factory=list)
     layer_convention: Literal["layer_input", "decoder_output_0based"] | None = None
+    sets: list[str] = Field(default_factory=list)
     target_fingerprint: str | None = Field(description="the target the server served at submission")
     attempts: int = Field(description="claims so far, the current one included")
     max_attempts: int
@@ -140,7 +154,11 @@ class Claim(BaseModel):
     job: JobState
     lease: str
     prompt_ids: list[str] = Field(
-        description="the job's prompt ids; for 'all', every prompt registered (and not failed) when the job was claimed"
+        description="the job's prompt ids; for 'all', every prompt registered (and not failed) when the job was "
+        "claimed, of the job's sets when it names some"
+    )
+    set_members: dict[str, list[str]] = Field(
+        default_factory=dict, description="each of the job's sets: its prompt ids (for the report's per-set split)"
     )
 
 

@@ -21,6 +21,9 @@ def _valid_unicode(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
+# A prompt set's name (gsm8k, mt-bench, ...): safe in a URL path and as a file name.
+SetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+MAX_SETS_PER_PROMPT = 16
 
 
 class ChatMessage(BaseModel):
@@ -40,6 +43,12 @@ class PromptSpec(BaseModel):
     token_ids: list[StrictInt] | None = Field(default=None, min_length=1)
     response_token_ids: list[StrictInt] | None = Field(default=None, min_length=1)
     name: str | None = Field(default=None, max_length=256)
+    sets: list[SetName] = Field(
+        default_factory=list, max_length=MAX_SETS_PER_PROMPT, description="prompt sets this prompt belongs to"
+    )
+    enable_thinking: bool | None = Field(
+        default=None, description="passed to the chat template (messages only); None: the template's default"
+    )
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> PromptSpec:
@@ -48,6 +57,10 @@ class PromptSpec(BaseModel):
             raise ValueError(f"a prompt needs exactly one of text, messages, token_ids (got {given or 'none'})")
         if self.text is not None and not self.text:
             raise ValueError("text must not be empty")
+        if self.enable_thinking is not None and self.messages is None:
+            raise ValueError("enable_thinking is passed to the chat template: it needs messages")
+        if len(set(self.sets)) != len(self.sets):
+            raise ValueError(f"sets must be distinct, got {self.sets}")
         return self
 
 
@@ -97,6 +110,11 @@ class PromptState(BaseModel):
     num_tokens: int | None = None  # known once the response exists (given or generated)
     token_ids: list[int] | None = None
     layers_stored: list[int] = Field(default_factory=list)
+    sets: list[str] = Field(default_factory=list)
+    chat_template_sha256: str | None = Field(
+        default=None, description="sha256 of the chat template text that rendered the prompt; None: no template"
+    )
+    enable_thinking: bool | None = Field(default=None, description="what the chat template was given")
     greedy_mismatches: int | None = Field(
         default=None, description="response tokens that are not the target's greedy choice (0: its own greedy)"
     )
@@ -110,3 +128,19 @@ class PromptPage(BaseModel):
     total: int
     offset: int
     limit: int
+
+
+class SetCounts(BaseModel):
+    """One prompt set and how many of its prompts are in each status."""
+
+    name: str
+    total: int
+    pending: int
+    ready: int
+    failed: int
+
+
+class SetList(BaseModel):
+    """`GET /sets`."""
+
+    sets: list[SetCounts]

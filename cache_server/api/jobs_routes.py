@@ -34,13 +34,14 @@ _LEASED = (E.unauthorized, E.job_not_found, E.lease_lost)
     status_code=202,
     dependencies=[WriteAccess],
     responses=error_responses(
-        E.unauthorized, E.jobs_disabled, E.invalid_checkpoint_path, E.unknown_prompts, E.invalid_layers
+        E.unauthorized, E.jobs_disabled, E.invalid_checkpoint_path, E.unknown_prompts, E.unknown_sets, E.invalid_layers
     ),
 )
 def submit(body: JobSubmit, jobs: JobsDep, service: ServiceDep, root: RootDep) -> JobState:
     """Queue an evaluation of a checkpoint under the server's --checkpoint-root (checked before queueing)."""
     info = service.model_info()
-    checked = check_submission(body, root=root, is_registered=service.is_registered, num_layers=info.num_layers)
+    checked = check_submission(body, root=root, is_registered=service.is_registered, num_layers=info.num_layers,
+                               set_names=service.sets.names())  # fmt: skip
     return jobs.submit(
         checked.spec, checkpoint_relative=checked.checkpoint_relative, target_fingerprint=info.fingerprint
     )
@@ -69,8 +70,9 @@ def claim(body: ClaimRequest, jobs: JobsDep, service: ServiceDep) -> Claim | Res
     if leased is None:
         return Response(status_code=204)
     job = leased.job
-    ids = job.prompts if isinstance(job.prompts, list) else service.evaluable_prompt_ids()
-    return Claim(job=job, lease=leased.lease, prompt_ids=ids)
+    ids = job.prompts if isinstance(job.prompts, list) else service.evaluable_prompt_ids(job.sets)
+    members = {name: service.sets.members(name) or [] for name in job.sets}
+    return Claim(job=job, lease=leased.lease, prompt_ids=ids, set_members=members)
 
 
 @jobs_router.get("/{job_id}", responses=error_responses(E.job_not_found))

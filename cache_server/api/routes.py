@@ -18,7 +18,7 @@ from schemas.errors import ErrorCode as E
 from schemas.layers import AsciiInt
 from schemas.model import ModelInfo
 from schemas.pieces import ENCODING, MEDIA_TYPE
-from schemas.prompts import PromptPage, PromptState, PromptStatus, RegisterRequest, RegisterResponse
+from schemas.prompts import PromptPage, PromptState, PromptStatus, RegisterRequest, RegisterResponse, SetList
 
 SAFETENSORS = "application/octet-stream"
 PROMETHEUS = "text/plain; version=0.0.4"
@@ -53,15 +53,22 @@ def register(body: RegisterRequest, service: ServiceDep) -> RegisterResponse:
     return RegisterResponse(prompts=service.register(body.prompts, body.generate))
 
 
-@router.get("/prompts", responses=error_responses())
+@router.get("/prompts", responses=error_responses(E.unknown_sets))
 def list_prompts(
     service: ServiceDep,
     offset: Annotated[AsciiInt, Query(ge=0)] = 0,
     limit: Annotated[AsciiInt, Query(ge=1, le=1000)] = 100,
     status: PromptStatus | None = None,
+    set: Annotated[str | None, Query(description="only the prompts of this set")] = None,
 ) -> PromptPage:
-    """One page of the registered prompts (without token ids), optionally of one status."""
-    return service.page(offset, limit, status)
+    """One page of the registered prompts (without token ids), optionally of one status and one set."""
+    return service.page(offset, limit, status, set)
+
+
+@router.get("/sets", responses=error_responses())
+def list_sets(service: ServiceDep) -> SetList:
+    """Every prompt set, with its prompts counted by status."""
+    return service.set_counts()
 
 
 @router.get("/prompts/{prompt_id}", responses=error_responses(E.prompt_not_found))

@@ -5,6 +5,7 @@ Layer k is the output of decoder layer k (0-based), captured by `hooks.capture_d
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -91,7 +92,7 @@ class Target:
         if spec.token_ids is not None:
             ids = list(spec.token_ids)
         elif spec.messages is not None:
-            ids = self._apply_chat_template([m.model_dump() for m in spec.messages])
+            ids = self._apply_chat_template([m.model_dump() for m in spec.messages], spec.enable_thinking)
         else:
             ids = list(self.tokenizer(spec.text).input_ids)
         if not ids:
@@ -101,11 +102,18 @@ class Target:
             self.check_token_ids(spec.response_token_ids, "response_token_ids")
         return ids
 
-    def _apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    @property
+    def chat_template_sha256(self) -> str | None:
+        """sha256 of the tokenizer's chat template text (what renders `messages`), or None without one."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return hashlib.sha256(template.encode()).hexdigest() if isinstance(template, str) and template else None
+
+    def _apply_chat_template(self, messages: list[dict[str, str]], enable_thinking: bool | None) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
             raise InvalidPrompt("the target's tokenizer has no chat template: send the prompt as text or token_ids")
+        extra: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         try:
-            out: Any = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            out: Any = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
         except Exception as e:  # jinja errors raised by the template itself (e.g. raise_exception)
             raise InvalidPrompt(f"the target's chat template refused these messages: {e}") from None
         return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)

@@ -38,6 +38,7 @@ from schemas.prompts import (
     RegisteredPrompt,
     RegisterRequest,
     RegisterResponse,
+    SetList,
 )
 from schemas.safetensors_frame import WireFormatError, parse
 
@@ -119,11 +120,19 @@ class CacheClient:
         """One prompt's status, with its token ids."""
         return PromptState.model_validate(self.request("GET", f"/prompts/{prompt_id}").json())
 
-    def paged(self, path: str, key: str, status: str | None = None, page_size: int = 1000) -> list[dict[str, Any]]:
-        """Every item of a paged listing (`{key: [...], total, offset, limit}`), optionally filtered by status."""
+    def paged(
+        self,
+        path: str,
+        key: str,
+        status: str | None = None,
+        page_size: int = 1000,
+        filters: dict[str, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every item of a paged listing (`{key: [...], total, offset, limit}`), optionally filtered by status
+        (and by the listing's other filters, e.g. `set`)."""
         out: list[dict[str, Any]] = []
         while True:
-            params: dict[str, Any] = {"offset": len(out), "limit": page_size}
+            params: dict[str, Any] = {"offset": len(out), "limit": page_size, **(filters or {})}
             if status is not None:
                 params["status"] = status
             page = self.request("GET", path, params=params).json()
@@ -131,10 +140,15 @@ class CacheClient:
             if not page[key] or len(out) >= page["total"]:
                 return out
 
-    def prompts(self, status: PromptStatus | None = None) -> list[PromptState]:
-        """Every registered prompt, paging through `GET /prompts`."""
-        items = self.paged("/prompts", "prompts", status.value if status else None)
+    def prompts(self, status: PromptStatus | None = None, *, set_name: str | None = None) -> list[PromptState]:
+        """Every registered prompt (of one set, when given), paging through `GET /prompts`."""
+        filters = {"set": set_name} if set_name is not None else {}
+        items = self.paged("/prompts", "prompts", status.value if status else None, filters=filters)
         return [PromptState.model_validate(p) for p in items]
+
+    def sets(self) -> SetList:
+        """Every prompt set with its prompts counted by status (`GET /sets`)."""
+        return SetList.model_validate(self.request("GET", "/sets").json())
 
     def wait_ready(self, prompt_ids: Sequence[str], *, timeout_s: float = 600.0, poll_s: float = 0.2) -> None:
         """Poll until every prompt is ready; PromptFailedError on a failure, TimeoutError past the bound.

@@ -103,6 +103,7 @@ _BY_CODE: dict[ErrorCode, type[ApiError]] = {
     ErrorCode.invalid_prompt: InvalidRequestError,
     ErrorCode.invalid_layers: InvalidRequestError,
     ErrorCode.unknown_prompts: InvalidRequestError,
+    ErrorCode.unknown_sets: InvalidRequestError,
     ErrorCode.invalid_checkpoint_path: InvalidRequestError,
     ErrorCode.unauthorized: UnauthorizedError,
     ErrorCode.jobs_disabled: JobsDisabledError,

@@ -52,6 +52,7 @@ class JobsClient:
         steps: int | None = None,
         eagle_trees: Sequence[str] = (),
         layer_convention: Literal["layer_input", "decoder_output_0based"] | None = None,
+        sets: Sequence[str] = (),
     ) -> JobState:
         """Queue an evaluation of `checkpoint` (a path under the server's --checkpoint-root); `steps`,
         `eagle_trees` and `layer_convention` apply to EAGLE-3 checkpoints."""
@@ -64,6 +65,7 @@ class JobsClient:
             steps=steps,
             eagle_trees=list(eagle_trees),
             layer_convention=layer_convention,
+            sets=list(sets),
         )
         return self._state("POST", "/jobs", json=body.model_dump(mode="json", exclude_none=True))
 

@@ -24,6 +24,8 @@ class Registration(BaseModel):
     response_ids: tuple[int, ...] | None  # given by the user; None means generate (or prompt only)
     max_new_tokens: int | None
     name: str | None = None
+    chat_template_sha256: str | None = None  # the template that rendered the prompt (None: none did)
+    enable_thinking: bool | None = None  # what that template was given
 
     @property
     def prompt_len(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
@@ -15,14 +16,24 @@ from cache_server.compute.metrics import Metrics
 from cache_server.compute.pieces_body import PiecesBody, pieces_body
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.scheduler import Scheduler
+from cache_server.compute.sets import SetRegistry
 from cache_server.compute.streaming import BlockBuffers, HiddenStream, hidden_stream
-from cache_server.errors import InvalidLayers, PromptNotFound, PromptNotReady
+from cache_server.errors import InvalidLayers, PromptNotFound, PromptNotReady, UnknownSets
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
 from cache_server.torch_utils import dtype_name
 from schemas.layers import layer_list_problem, parse_layer_list
 from schemas.model import ModelInfo
-from schemas.prompts import GenerateSpec, PromptPage, PromptSpec, PromptState, PromptStatus, RegisteredPrompt
+from schemas.prompts import (
+    GenerateSpec,
+    PromptPage,
+    PromptSpec,
+    PromptState,
+    PromptStatus,
+    RegisteredPrompt,
+    SetCounts,
+    SetList,
+)
 from schemas.safetensors_frame import FramedBody
 
 
@@ -44,6 +55,7 @@ class HiddenStateService:
         self.store = store
         self.metrics = metrics
         self.registry = Registry(store.namespace / "requests")
+        self.sets = SetRegistry(store.namespace / "sets")
         self.scheduler = Scheduler(target, store, metrics, capture_layers=capture_layers, batch_tokens=batch_tokens)
         self._wait_s = wait_s
         self.stream_hidden = stream_hidden
@@ -94,6 +106,8 @@ class HiddenStateService:
             if self.registry.add(reg) or retry:
                 self.scheduler.schedule(reg, self.capture_layers)
             out.append(RegisteredPrompt(prompt_id=reg.prompt_id, status=self._status(reg.prompt_id)))
+        for name in dict.fromkeys(n for spec in specs for n in spec.sets):
+            self.sets.add(name, [r.prompt_id for r, spec in zip(regs, specs, strict=True) if name in spec.sets])
         return out
 
     def _registration(self, spec: PromptSpec, generate: GenerateSpec | None) -> Registration:
@@ -107,6 +121,8 @@ class HiddenStateService:
             response_ids=response,
             max_new_tokens=max_new,
             name=spec.name,
+            chat_template_sha256=self.target.chat_template_sha256 if spec.messages is not None else None,
+            enable_thinking=spec.enable_thinking,
         )
 
     def is_registered(self, prompt_id: str) -> bool:
@@ -142,23 +158,50 @@ class HiddenStateService:
             num_tokens=num_tokens,
             token_ids=tokens,
             layers_stored=list(manifest.layers) if manifest else [],
+            sets=self.sets.of(prompt_id),
+            chat_template_sha256=reg.chat_template_sha256,
+            enable_thinking=reg.enable_thinking,
             greedy_mismatches=manifest.greedy_mismatches if manifest else None,
             error=self.scheduler.failure(prompt_id),
         )
 
-    def page(self, offset: int, limit: int, status: PromptStatus | None = None) -> PromptPage:
-        """One page of the registered prompts, optionally of one status."""
+    def page(
+        self, offset: int, limit: int, status: PromptStatus | None = None, set_name: str | None = None
+    ) -> PromptPage:
+        """One page of the registered prompts, optionally of one status and of one set."""
         regs = self.registry.all()
+        if set_name is not None:
+            regs = [r for p in self._set_members(set_name) if (r := self.registry.get(p)) is not None]
         if status is not None:
             regs = [r for r in regs if self._status(r.prompt_id) == status]
         states = [self.state(r.prompt_id, with_tokens=False) for r in regs[offset : offset + limit]]
         return PromptPage(prompts=states, total=len(regs), offset=offset, limit=limit)
 
-    def evaluable_prompt_ids(self) -> list[str]:
-        """What a job's `prompts: "all"` means: every registered prompt the target has not failed on
-        (as `eval-worker evaluate --all-prompts` takes them)."""
+    def evaluable_prompt_ids(self, sets: Sequence[str] = ()) -> list[str]:
+        """What a job's `prompts: "all"` means: every registered prompt (of `sets`, when given) the target
+        has not failed on (as `eval-worker evaluate --all-prompts` / `--set` take them)."""
         failed = self.scheduler.failed_ids()
-        return [r.prompt_id for r in self.registry.all() if r.prompt_id not in failed]
+        ids = (
+            list(dict.fromkeys(p for name in sets for p in self._set_members(name)))
+            if sets
+            else [r.prompt_id for r in self.registry.all()]
+        )
+        return [p for p in ids if p not in failed]
+
+    def set_counts(self) -> SetList:
+        """`GET /sets`: every set with its prompts counted by status."""
+        out = []
+        for name in self.sets.names():
+            statuses = Counter(self._status(p) for p in self._set_members(name))
+            out.append(SetCounts(name=name, total=sum(statuses.values()), pending=statuses[PromptStatus.pending],
+                                 ready=statuses[PromptStatus.ready], failed=statuses[PromptStatus.failed]))  # fmt: skip
+        return SetList(sets=out)
+
+    def _set_members(self, name: str) -> list[str]:
+        members = self.sets.members(name)
+        if members is None:
+            raise UnknownSets(f"no prompt set {name!r}; GET /sets lists them")
+        return members
 
     def _registered(self, prompt_id: str) -> Registration:
         reg = self.registry.get(prompt_id)

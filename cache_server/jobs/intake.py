@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache_server.errors import InvalidLayers, JobsDisabled, UnknownPrompts
+from cache_server.errors import InvalidLayers, JobsDisabled, UnknownPrompts, UnknownSets
 from cache_server.jobs.checkpoint_paths import resolve_checkpoint
 from schemas.jobs import JobSubmit
 from schemas.layers import layer_list_problem
@@ -23,7 +23,12 @@ class CheckedJob:
 
 
 def check_submission(
-    spec: JobSubmit, *, root: Path | None, is_registered: Callable[[str], bool], num_layers: int
+    spec: JobSubmit,
+    *,
+    root: Path | None,
+    is_registered: Callable[[str], bool],
+    num_layers: int,
+    set_names: Collection[str] = (),
 ) -> CheckedJob:
     """The submission with its checkpoint resolved, or the error that refuses it (nothing queued)."""
     if root is None:
@@ -40,6 +45,9 @@ def check_submission(
                 f"prompt ids {unknown[:_SHOWN]}{more} are not registered for this target; "
                 "register them with POST /prompts first"
             )
+    unknown_sets = [s for s in spec.sets if s not in set_names]
+    if unknown_sets:
+        raise UnknownSets(f"prompt sets {unknown_sets} do not exist; GET /sets lists them")
     if spec.target_layer_ids is not None:
         problem = layer_list_problem(spec.target_layer_ids, num_layers)
         if problem is not None:

@@ -99,8 +99,8 @@ class JobStore:
         with self._write() as c:
             c.execute(
                 "INSERT INTO jobs (job_id, status, checkpoint, checkpoint_relative, prompts, tree_budgets, "
-                "target_layer_ids, block_size, steps, eagle_trees, layer_convention, target_fingerprint, "
-                "max_attempts, created_at) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "target_layer_ids, block_size, steps, eagle_trees, layer_convention, sets, target_fingerprint, "
+                "max_attempts, created_at) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     job_id,
                     spec.checkpoint,
@@ -112,6 +112,7 @@ class JobStore:
                     spec.steps,
                     json.dumps(spec.eagle_trees),
                     spec.layer_convention,
+                    json.dumps(spec.sets),
                     target_fingerprint,
                     self.max_attempts,
                     self._now(),

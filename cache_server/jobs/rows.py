@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from schemas.jobs import JobState, JobStatus
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # What each older version lacks, in order: applied to a job database written by an older server.
 MIGRATIONS = {
     1: (
@@ -16,6 +16,7 @@ MIGRATIONS = {
         "ALTER TABLE jobs ADD COLUMN eagle_trees TEXT NOT NULL DEFAULT '[]'",
         "ALTER TABLE jobs ADD COLUMN layer_convention TEXT",
     ),
+    2: ("ALTER TABLE jobs ADD COLUMN sets TEXT NOT NULL DEFAULT '[]'",),
 }
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -30,6 +31,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     steps INTEGER,                    -- EAGLE-3 chain length or NULL
     eagle_trees TEXT NOT NULL DEFAULT '[]',  -- JSON list of "TOPK,DEPTH,TOTAL"
     layer_convention TEXT,
+    sets TEXT NOT NULL DEFAULT '[]',  -- JSON list of prompt set names
     target_fingerprint TEXT,
     attempts INTEGER NOT NULL DEFAULT 0,
     max_attempts INTEGER NOT NULL,
@@ -47,7 +49,7 @@ CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
 """
 STATE_COLUMNS = (
     "job_id, status, checkpoint, checkpoint_relative, prompts, tree_budgets, target_layer_ids, block_size, "
-    "steps, eagle_trees, layer_convention, target_fingerprint, attempts, max_attempts, worker, created_at, "
+    "steps, eagle_trees, layer_convention, sets, target_fingerprint, attempts, max_attempts, worker, created_at, "
     "started_at, finished_at, lease_expires_at, error"
 )
 
@@ -70,6 +72,7 @@ def job_state(row: sqlite3.Row) -> JobState:
         steps=row["steps"],
         eagle_trees=json.loads(row["eagle_trees"]),
         layer_convention=row["layer_convention"],
+        sets=json.loads(row["sets"]),
         target_fingerprint=row["target_fingerprint"],
         attempts=row["attempts"],
         max_attempts=row["max_attempts"],

@@ -143,6 +143,7 @@ CASES: dict[ErrorCode, tuple[Callable[[CacheClient], Any], type[ApiError]]] = {
     ErrorCode.invalid_layers: (lambda c: c.hidden(_ready_prompt(c), [99]), InvalidRequestError),
     ErrorCode.unknown_prompts: (lambda c: JobsClient(c).submit("ok.pt", prompts=["nope"]), InvalidRequestError),
     ErrorCode.invalid_checkpoint_path: (lambda c: JobsClient(c).submit("../x.pt"), InvalidRequestError),
+    ErrorCode.unknown_sets: (lambda c: c.request("GET", "/prompts", params={"set": "nope"}), InvalidRequestError),
     ErrorCode.bad_http_request: (_bad_http, BadRequestError),
     ErrorCode.not_found: (lambda c: c.request("GET", "/nowhere"), NotFoundError),
     ErrorCode.prompt_not_found: (lambda c: c.prompt("missing"), NotFoundError),

@@ -260,7 +260,7 @@ def test_many_claimers_finish_every_job_exactly_once(tmp_path: Path) -> None:
         s.close()
 
 
-def test_a_version_1_job_database_is_migrated_and_keeps_its_jobs(tmp_path: Path) -> None:
+def test_a_version_1_job_database_is_migrated_through_every_version_and_keeps_its_jobs(tmp_path: Path) -> None:
     """A database written before EAGLE-3 options existed (schema 1) opens, keeps its jobs, takes new ones."""
     import sqlite3
 
@@ -270,7 +270,8 @@ def test_a_version_1_job_database_is_migrated_and_keeps_its_jobs(tmp_path: Path)
     v1 = SCHEMA.replace("    steps INTEGER,                    -- EAGLE-3 chain length or NULL\n", "")
     v1 = v1.replace("    eagle_trees TEXT NOT NULL DEFAULT '[]',  -- JSON list of \"TOPK,DEPTH,TOTAL\"\n", "")
     v1 = v1.replace("    layer_convention TEXT,\n", "")
-    assert "steps" not in v1 and "eagle_trees" not in v1 and "layer_convention" not in v1
+    v1 = v1.replace("    sets TEXT NOT NULL DEFAULT '[]',  -- JSON list of prompt set names\n", "")
+    assert "steps" not in v1 and "eagle_trees" not in v1 and "layer_convention" not in v1 and "sets" not in v1
     with sqlite3.connect(path) as conn:
         conn.executescript(v1)
         conn.execute(
@@ -281,7 +282,7 @@ def test_a_version_1_job_database_is_migrated_and_keeps_its_jobs(tmp_path: Path)
     conn.close()
     store = JobStore(path)
     old = store.get("old")
-    assert (old.tree_budgets, old.steps, old.eagle_trees, old.layer_convention) == ([4], None, [], None)
+    assert (old.tree_budgets, old.steps, old.eagle_trees, old.layer_convention, old.sets) == ([4], None, [], None, [])
     new = store.submit(spec("/r/b.pt", steps=4, eagle_trees=["10,7,60"]), checkpoint_relative="b.pt")
     assert (store.get(new.job_id).steps, store.get(new.job_id).eagle_trees) == (4, ["10,7,60"])
     store.close()
