@@ -17,9 +17,12 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 SPARE_ROWS = 8
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS) + SPARE_ROWS + 32
 
+# ChatML, with Qwen3's switch: `enable_thinking=False` opens the answer with an empty think block.
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
 )
 
 _CORPUS = """\

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -40,6 +40,10 @@ class Metrics:
         """Report the RAM cache's size and hits with every scrape."""
         self.registry.register(_RamCacheCollector(cache))
 
+    def watch_pending(self, count: Callable[[], int]) -> None:
+        """Report the prompts still waiting for the target with every scrape."""
+        self.registry.register(_PendingCollector(count))
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
@@ -58,3 +62,14 @@ class _RamCacheCollector(Collector):
         )
         yield CounterMetricFamily("cache_server_ram_cache_hits", "Layers served from RAM.", value=c.hits)
         yield CounterMetricFamily("cache_server_ram_cache_misses", "Layers decoded from the store.", value=c.misses)
+
+
+class _PendingCollector(Collector):
+    def __init__(self, count: Callable[[], int]) -> None:
+        self.count = count
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "cache_server_prompts_pending", "Registered prompts not computed yet (neither ready nor failed).",
+            value=self.count(),
+        )  # fmt: skip

@@ -56,6 +56,7 @@ class HiddenStateService:
         self.metrics = metrics
         self.registry = Registry(store.namespace / "requests")
         self.sets = SetRegistry(store.namespace / "sets")
+        metrics.watch_pending(self.pending_count)
         self.scheduler = Scheduler(target, store, metrics, capture_layers=capture_layers, batch_tokens=batch_tokens)
         self._wait_s = wait_s
         self.stream_hidden = stream_hidden
@@ -187,6 +188,10 @@ class HiddenStateService:
             else [r.prompt_id for r in self.registry.all()]
         )
         return [p for p in ids if p not in failed]
+
+    def pending_count(self) -> int:
+        """Registered prompts neither ready nor failed."""
+        return sum(self._status(r.prompt_id) == PromptStatus.pending for r in self.registry.all())
 
     def set_counts(self) -> SetList:
         """`GET /sets`: every set with its prompts counted by status."""

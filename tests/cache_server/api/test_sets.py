@@ -1,0 +1,69 @@
+"""Prompt sets and rendering settings on the server: what each registration records, `GET /sets`,
+`GET /prompts?set=`, membership across restarts, and jobs restricted to sets."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from transformers import AutoTokenizer
+
+from cache_server.api.app import create_app
+from tests.cache_server.helpers import error_message, metric, register_ready, serve_settings
+
+QUESTION = [{"role": "user", "content": "What is 6 times 7?"}]
+
+
+def test_registrations_record_sets_template_and_thinking(tiny_target: Path, tmp_path: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    settings = serve_settings(tiny_target, tmp_path / "store", checkpoint_root=tmp_path)
+    with TestClient(create_app(settings)) as client:
+        plain, thinking_off, thinking_on = register_ready(client, [
+            {"text": "def fib(n):", "sets": ["humaneval"]},
+            {"messages": QUESTION, "enable_thinking": False, "sets": ["gsm8k"]},
+            {"messages": QUESTION, "enable_thinking": True, "sets": ["gsm8k", "both"]},
+        ])  # fmt: skip
+        register_ready(client, [{"text": "def fib(n):", "sets": ["both"]}])  # the same prompt joins a second set
+        template = hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()
+        for pid, thinking in ((thinking_off, False), (thinking_on, True)):
+            state = client.get(f"/prompts/{pid}").json()
+            want = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, enable_thinking=thinking,
+                                                 tokenize=True, return_dict=True)["input_ids"]  # fmt: skip
+            assert state["token_ids"][: state["prompt_len"]] == list(want)
+            assert (state["chat_template_sha256"], state["enable_thinking"]) == (template, thinking)
+        assert thinking_off != thinking_on  # the template renders them differently
+        state = client.get(f"/prompts/{plain}").json()
+        assert (state["sets"], state["chat_template_sha256"], state["enable_thinking"]) == (["both", "humaneval"],
+                                                                                            None, None)  # fmt: skip
+        assert metric(client, "cache_server_prompts_pending") == 0
+        sets = {s["name"]: s for s in client.get("/sets").json()["sets"]}
+        assert sets == {
+            "both": {"name": "both", "total": 2, "pending": 0, "ready": 2, "failed": 0},
+            "gsm8k": {"name": "gsm8k", "total": 2, "pending": 0, "ready": 2, "failed": 0},
+            "humaneval": {"name": "humaneval", "total": 1, "pending": 0, "ready": 1, "failed": 0},
+        }
+        page = client.get("/prompts", params={"set": "both"}).json()
+        assert (page["total"], [p["prompt_id"] for p in page["prompts"]]) == (2, [thinking_on, plain])
+        assert "no prompt set 'nope'" in error_message(client.get("/prompts", params={"set": "nope"}), 422,
+                                                       "unknown_sets")  # fmt: skip
+        bad = {"prompts": [{"text": "x", "enable_thinking": True}]}
+        assert "needs messages" in error_message(client.post("/prompts", json=bad), 422)
+        bad = {"prompts": [{"text": "x", "sets": ["has space"]}]}
+        error_message(client.post("/prompts", json=bad), 422)
+
+        (tmp_path / "step_1.pt").write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip: a valid archive
+        job = client.post("/jobs", json={"checkpoint": "step_1.pt", "sets": ["gsm8k"]}).json()
+        assert job["sets"] == ["gsm8k"]
+        claim = client.post("/jobs/claim", json={"worker": "w", "lease_s": 60}).json()
+        assert sorted(claim["prompt_ids"]) == sorted([thinking_off, thinking_on])
+        assert claim["set_members"] == {"gsm8k": [thinking_off, thinking_on]}
+        assert "['nope'] do not exist" in error_message(
+            client.post("/jobs", json={"checkpoint": "step_1.pt", "sets": ["nope"]}), 422, "unknown_sets"
+        )
+        error_message(client.post("/jobs", json={"checkpoint": "step_1.pt", "sets": ["gsm8k"], "prompts": [plain]}),
+                      422)  # fmt: skip
+
+    with TestClient(create_app(settings)) as client:  # restarted: membership was persisted
+        assert [s["total"] for s in client.get("/sets").json()["sets"]] == [2, 2, 1]
+        assert client.get(f"/prompts/{plain}").json()["sets"] == ["both", "humaneval"]
