@@ -115,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     which = ev.add_mutually_exclusive_group(required=True)
     which.add_argument("--all-prompts", action="store_true", help="every prompt registered on the server")
     which.add_argument("--prompts", type=lambda s: s.split(","), help="comma-separated prompt ids")
+    which.add_argument("--set", dest="sets", action="append", help="the prompts of this set (repeatable); "
+                       "the report is also summarized per set")  # fmt: skip
     _job_options(ev)
     ev.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
     outs = ev.add_mutually_exclusive_group()
@@ -131,13 +133,16 @@ def _parser() -> argparse.ArgumentParser:
 
     sbm = _command(sub, "submit", "queue a checkpoint evaluation job on the cache server", commands.submit,
                    SubmitSettings, positional="checkpoint")  # fmt: skip
-    sbm.add_argument("--prompts", type=lambda s: s.split(","), help="prompt ids (default: all)")
+    chosen = sbm.add_mutually_exclusive_group()
+    chosen.add_argument("--prompts", type=lambda s: s.split(","), help="prompt ids (default: all)")
+    chosen.add_argument("--set", dest="sets", action="append", help="the prompts of this set (repeatable)")
     _job_options(sbm)
     sbm.add_argument("--wait", action="store_true", help="wait for the job and print its report")
 
     wat = _command(sub, "watch", "submit each checkpoint that finishes writing under DIR", commands.watch,
                    SubmitSettings, positional="dir")  # fmt: skip
     _job_options(wat)
+    wat.add_argument("--set", dest="sets", action="append", help="evaluate on the prompts of this set (repeatable)")
     wat.add_argument("--interval", type=float, default=10.0, help="seconds between looks (10)")
     wat.add_argument("--once", action="store_true", help="look twice (to see which files are finished), then exit")
 

@@ -48,7 +48,8 @@ def evaluate(args: argparse.Namespace, settings: EvaluateSettings) -> int:
             client,
             checkpoints,
             settings,
-            prompt_ids=[None if args.all_prompts else args.prompts] * len(checkpoints),
+            prompt_ids=[args.prompts if args.prompts else None] * len(checkpoints),
+            sets=args.sets or (),
             tree_budgets=args.tree_budgets,
             eagle_trees=[EagleTreeShape.parse(t) for t in args.eagle_trees],
             steps=args.steps,
@@ -120,6 +121,7 @@ def _submit(jobs: JobsClient, args: argparse.Namespace, path: str, prompts: Any 
         steps=args.steps,
         eagle_trees=args.eagle_trees,
         layer_convention=args.layer_convention,
+        sets=getattr(args, "sets", None) or (),
     )
     print(f"job {state.job_id} {state.status.value}: {state.checkpoint_relative}", flush=True)
     return state

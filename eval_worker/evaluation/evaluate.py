@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -29,7 +29,7 @@ from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.evaluation.walks import CHAIN, DraftCost, PromptFeatures, walk_prompts
 from eval_worker.scoring.eagle_tree import EagleTreeShape
-from eval_worker.scoring.summary import round_taus, summarize
+from eval_worker.scoring.summary import by_set, round_taus, summarize_set
 from schemas.model import ModelInfo
 from schemas.report import EvalCost, EvalReport, EvalSeconds, EvalSummary, PromptEval, RoundTaus
 
@@ -64,6 +64,7 @@ class _Run:
     checkpoint: LoadedCheckpoint
     prompt_ids: list[str]
     started: float
+    sets: dict[str, Sequence[str]]  # set name -> its prompt ids, for the per-set summaries
     results: dict[str, PromptEval] = field(default_factory=dict)
     cost: DraftCost = field(default_factory=DraftCost)
     fetched_bytes: int = 0
@@ -105,9 +106,11 @@ def evaluate_many(
     heads_cache: HeadsCache,
     options: EvalOptions | None = None,
     features: FeatureCache | None = None,
+    set_members: Sequence[Mapping[str, Sequence[str]]] | None = None,
 ) -> list[EvalReport]:
     """One report per checkpoint, checkpoint i evaluated on `prompt_ids[i]`, with features and heads
-    from `source` (features resident in `features` are not fetched again).
+    from `source` (features resident in `features` are not fetched again); with `set_members[i]`
+    (set name -> its prompt ids), report i is also summarized per set.
 
     The drafters are moved to the options' device and dtype in place."""
     opts = options or EvalOptions()
@@ -120,7 +123,8 @@ def evaluate_many(
     embed, lm_head = (t.to(opts.device, opts.dtype) for t in heads.to_torch())
     cache = features if features is not None else FeatureCache(0)
     cache.use_target(info.fingerprint)
-    runs = [_Run(c, list(ids), started=started) for c, ids in zip(checkpoints, prompt_ids, strict=True)]
+    sets = set_members if set_members is not None else [{} for _ in checkpoints]
+    runs = [_Run(c, list(ids), started, dict(m)) for c, ids, m in zip(checkpoints, prompt_ids, sets, strict=True)]
     groups: dict[tuple[int, ...], list[_Run]] = {}
     for run in runs:
         run.checkpoint.drafter.to(opts.device, opts.dtype).eval()
@@ -253,10 +257,12 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
     eagle3 = run.is_eagle3
     budgets = [] if eagle3 else list(opts.tree_budgets)
     eagle_trees = [t.key for t in opts.eagle_trees] if eagle3 else []
+    overall = summarize_set(results, budgets, eagle_trees)
     summary = EvalSummary(
-        chain=summarize([r.chain for r in results]),
-        trees={b: summarize([r.trees[b] for r in results]) for b in budgets},
-        eagle_trees={k: summarize([r.eagle_trees[k] for r in results]) for k in eagle_trees},
+        chain=overall.chain,
+        trees=overall.trees,
+        eagle_trees=overall.eagle_trees,
+        by_set=by_set(results, run.sets, budgets, eagle_trees),
         prompts_evaluated=len(results),
         prompts_not_target_greedy=len(not_greedy),
         wall_time_s=time.perf_counter() - run.started,

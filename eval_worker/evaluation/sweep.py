@@ -5,7 +5,7 @@ prompts chosen and waited for, then all evaluated in one pass (`evaluate_many`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -27,10 +27,21 @@ from schemas.trees import EagleTreeShape
 log = logging.getLogger(__name__)
 
 
-def select_prompts(client: CacheClient, prompt_ids: Sequence[str] | None, timeout_s: float) -> list[str]:
-    """The given ids, or every registered prompt that has not failed; waits until they are ready."""
+def set_members(client: CacheClient, sets: Sequence[str]) -> dict[str, list[str]]:
+    """Each named set's prompt ids (UnknownSets from the server names a set that does not exist)."""
+    return {name: [s.prompt_id for s in client.prompts(set_name=name)] for name in sets}
+
+
+def select_prompts(
+    client: CacheClient, prompt_ids: Sequence[str] | None, timeout_s: float, sets: Mapping[str, Sequence[str]] = {}
+) -> list[str]:
+    """The given ids, or every registered prompt (of `sets`, when given) that has not failed; waits until
+    they are ready."""
     if prompt_ids is None:
         states = client.prompts()
+        if sets:
+            wanted = set().union(*map(set, sets.values()))
+            states = [s for s in states if s.prompt_id in wanted]
         failed = [s.prompt_id for s in states if s.status == PromptStatus.failed]
         if failed:
             log.warning("skipping %d prompts the target failed on: %s", len(failed), failed[:5])
@@ -63,6 +74,8 @@ def evaluate_checkpoints(
     tree_budgets: Sequence[int] = (),
     eagle_trees: Sequence[EagleTreeShape] = (),
     steps: int | None = None,
+    sets: Sequence[str] = (),
+    set_members_of: Sequence[Mapping[str, Sequence[str]]] | None = None,
     layer_ids: Sequence[int] | None = None,
     block_size: int | None = None,
     layer_convention: LayerConvention | None = None,
@@ -71,7 +84,9 @@ def evaluate_checkpoints(
     features: FeatureCache | None = None,
 ) -> list[EvalReport]:
     """Load each checkpoint strictly for the server's target and evaluate them together; checkpoint i
-    on `prompt_ids[i]` (None: every registered prompt the target has not failed on).
+    on `prompt_ids[i]` (None: every registered prompt the target has not failed on, or of `sets`), each
+    report summarized per set too when the prompts come from sets (`set_members_of[i]`, as a job's
+    claim carries them, or `sets` looked up on the server).
 
     DDTree budgets apply to the DFlash checkpoints, `eagle_trees` and `steps` to the EAGLE-3 ones; an
     option that applies to none of them is refused rather than ignored."""
@@ -94,7 +109,10 @@ def evaluate_checkpoints(
     if (eagle_trees or steps is not None) and "eagle3" not in families:
         raise ValueError("--eagle-tree and --steps apply to EAGLE-3 drafters; none of these checkpoints is one")
     wanted = prompt_ids if prompt_ids is not None else [None] * len(loaded)
-    ids = [select_prompts(client, p, settings.timeout_s) for p in wanted]
+    if set_members_of is None:
+        members = set_members(client, sets)
+        set_members_of = [members] * len(loaded)
+    ids = [select_prompts(client, p, settings.timeout_s, m) for p, m in zip(wanted, set_members_of, strict=True)]
     device = resolve_device(settings.device)
     options = EvalOptions(
         tree_budgets=tuple(tree_budgets),
@@ -105,4 +123,5 @@ def evaluate_checkpoints(
         progress=progress,
     )
     heads = HeadsCache(settings.heads_cache)
-    return evaluate_many(client, loaded, ids, heads_cache=heads, options=options, features=features)
+    return evaluate_many(client, loaded, ids, heads_cache=heads, options=options, features=features,
+                         set_members=set_members_of)  # fmt: skip

@@ -28,6 +28,9 @@ def compare_table(reports: Sequence[EvalReport]) -> str:
     head = f"{'step':>8}  {'checkpoint':<32} {'family':<7} {'layers':<22} {'prompts':>7} {'chain':>7}"
     head += "".join(f" {'ddtree-' + str(b):>10}" for b in budgets)
     head += "".join(f" {'eagle-' + k:>14}" for k in shapes)
+    sets = sorted({name for r in reports for name in r.summary.by_set})
+    columns = [(name, kind) for name in sets for kind in ["chain", *map(str, budgets), *shapes]]
+    head += "".join(f" {_set_column(name, kind):>{_width(name, kind)}}" for name, kind in columns)
     lines = [head]
     for r in sorted(reports, key=by_step):
         step = "-" if r.step is None else str(r.step)
@@ -36,6 +39,7 @@ def compare_table(reports: Sequence[EvalReport]) -> str:
         row += f"{r.summary.prompts_evaluated:>7} {_tau(r.summary.chain):>7}"
         row += "".join(f" {_tau(r.summary.trees.get(b)):>10}" for b in budgets)
         row += "".join(f" {_tau(r.summary.eagle_trees.get(k)):>14}" for k in shapes)
+        row += "".join(f" {_tau(_set_tau(r, name, kind)):>{_width(name, kind)}}" for name, kind in columns)
         lines.append(row)
     targets = {r.target_fingerprint for r in reports}
     if len(targets) > 1:
@@ -48,6 +52,24 @@ def max_round_tau(report: EvalReport) -> int:
     if report.block_size is not None:
         return report.block_size
     return (report.steps or 0) + 1
+
+
+def _set_column(name: str, kind: str) -> str:
+    """`gsm8k:chain`, `gsm8k:ddtree-8`, `gsm8k:eagle-10,7,60`: one column group per set."""
+    return f"{name}:{kind if kind == 'chain' else ('eagle-' if ',' in kind else 'ddtree-') + kind}"
+
+
+def _width(name: str, kind: str) -> int:
+    return max(8, len(_set_column(name, kind)))
+
+
+def _set_tau(r: EvalReport, name: str, kind: str) -> TauSummary | None:
+    s = r.summary.by_set.get(name)
+    if s is None:
+        return None
+    if kind == "chain":
+        return s.chain
+    return s.eagle_trees.get(kind) if "," in kind else s.trees.get(int(kind))
 
 
 def acceptance_curve(summary: TauSummary, longest: int) -> list[float]:

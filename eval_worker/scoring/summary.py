@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from schemas.report import RoundTaus, TauSummary
+from schemas.report import PromptEval, RoundTaus, SetSummary, TauSummary
 
 
 def round_taus(taus: Sequence[int]) -> RoundTaus:
@@ -28,3 +28,24 @@ def summarize(per_prompt: Sequence[RoundTaus]) -> TauSummary:
         prompts_evaluated=len(per_prompt),
         prompts_without_rounds=len(per_prompt) - len(means),
     )
+
+
+def summarize_set(results: Sequence[PromptEval], budgets: Sequence[int], eagle_keys: Sequence[str]) -> SetSummary:
+    """Chain, every DDTree budget and every EAGLE tree over `results`."""
+    return SetSummary(
+        chain=summarize([r.chain for r in results]),
+        trees={b: summarize([r.trees[b] for r in results]) for b in budgets},
+        eagle_trees={k: summarize([r.eagle_trees[k] for r in results]) for k in eagle_keys},
+        prompts_evaluated=len(results),
+    )
+
+
+def by_set(
+    results: Sequence[PromptEval], members: Mapping[str, Sequence[str]], budgets: Sequence[int],
+    eagle_keys: Sequence[str],
+) -> dict[str, SetSummary]:  # fmt: skip
+    """Each set's summary over its prompts that were evaluated (a prompt in two sets counts in both)."""
+    return {
+        name: summarize_set([r for r in results if r.prompt_id in set(ids)], budgets, eagle_keys)
+        for name, ids in members.items()
+    }

@@ -152,6 +152,7 @@ class JobWorker:
             reports = evaluate_checkpoints(
                 self.client, [loaded[i] for i in batch], self.settings,
                 prompt_ids=[claims[i].prompt_ids for i in batch], tree_budgets=drafts[0],
+                set_members_of=[claims[i].set_members for i in batch],
                 eagle_trees=[EagleTreeShape.parse(t) for t in drafts[1]], steps=drafts[2], progress=False,
                 features=self.features,
             )  # fmt: skip
