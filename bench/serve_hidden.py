@@ -77,6 +77,7 @@ class FixtureTarget:
     """Stands in for `Target`: serving a stored prompt only reads `.info`; nothing is ever computed."""
 
     info: TargetInfo
+    chat_template_sha256: str | None = None
 
 
 def fixture_info(hidden: int, dtype: str) -> TargetInfo:

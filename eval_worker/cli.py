@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, CliSettingsSource
 
 from eval_worker import commands
 from eval_worker.exit_codes import ExitCode
-from eval_worker.settings import EvaluateSettings, SubmitSettings, WorkerSettings
+from eval_worker.settings import ConnectionSettings, EvaluateSettings, SubmitSettings, WorkerSettings
 from schemas.layers import parse_layer_list
 from schemas.trees import EagleTreeShape
 
@@ -145,6 +145,36 @@ def _parser() -> argparse.ArgumentParser:
     wat.add_argument("--set", dest="sets", action="append", help="evaluate on the prompts of this set (repeatable)")
     wat.add_argument("--interval", type=float, default=10.0, help="seconds between looks (10)")
     wat.add_argument("--once", action="store_true", help="look twice (to see which files are finished), then exit")
+
+    prompts = sub.add_parser("prompts", help="register benchmark prompt sets from dataset files")
+    add = _command(prompts.add_subparsers(dest="prompts_command", required=True), "add",
+                   "register the prompts of dataset files as one set", commands.prompts_add, ConnectionSettings,
+                   positional=None)  # fmt: skip
+    add.add_argument("files", type=Path, nargs="+", help=".jsonl, .json, .csv, .parquet or save_to_disk dirs")
+    add.add_argument("--set", dest="set_name", required=True, help="the set's name (gsm8k, humaneval, ...)")
+    add.add_argument("--field", help="the prompt's field (default: question, problem, prompt, text, instruction "
+                                     "+ input, turns, conversations / messages)")  # fmt: skip
+    add.add_argument(
+        "--chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="render with the target's chat template (default: when its tokenizer has one)",
+    )
+    thinking = add.add_mutually_exclusive_group()
+    thinking.add_argument(
+        "--enable-thinking",
+        dest="enable_thinking",
+        action="store_true",
+        default=None,
+        help="passed to the chat template",
+    )
+    thinking.add_argument("--disable-thinking", dest="enable_thinking", action="store_false")
+    add.add_argument("--max-new-tokens", type=int, default=2048, help="greedy response length (2048)")
+    add.add_argument("--limit", type=int, help="register at most N prompts (after --shuffle-seed)")
+    add.add_argument("--shuffle-seed", type=int, help="shuffle the rows with this seed first")
+    add.add_argument("--suffix", default="", help="appended to every prompt (e.g. gsm8k's 'Please reason ...')")
+    add.add_argument("--skip-bad", action="store_true", help="skip malformed rows (listed) instead of stopping")
+    add.add_argument("--wait", action="store_true", help="show the set's progress until every prompt is computed")
 
     cmp_ = _command(sub, "compare", "table (and plot) of reports by step", commands.compare, None, positional=None)
     cmp_.add_argument("reports", type=Path, nargs="*", help="EvalReport JSON files")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.layers import LAYER_CONVENTION, LayerConvention
 
@@ -20,3 +20,6 @@ class ModelInfo(BaseModel):
     dtype: str
     layer_convention: LayerConvention = LAYER_CONVENTION
     capture_layers: list[int]
+    chat_template_sha256: str | None = Field(
+        default=None, description="sha256 of the tokenizer's chat template; None: it has none (prompts go as text)"
+    )

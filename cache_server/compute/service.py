@@ -94,6 +94,7 @@ class HiddenStateService:
             max_position_embeddings=info.max_position_embeddings,
             dtype=dtype_name(info.dtype),
             capture_layers=self.capture_layers,
+            chat_template_sha256=self.target.chat_template_sha256,
         )
 
     # -- registration ---------------------------------------------------------------------------

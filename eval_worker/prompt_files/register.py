@@ -1,0 +1,116 @@
+"""`eval-worker prompts add`: register the prompts of dataset files as one set, rendered as the target's
+chat template would (with thinking on or off) or as plain text, and watch them become ready."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cache_server.client import CacheClient
+from eval_worker.prompt_files.records import BadRow, Row, prompt_of, read_rows
+from schemas.prompts import PromptStatus
+
+log = logging.getLogger(__name__)
+BATCH = 10000  # prompts per POST /prompts (the server's limit; each request is all or nothing)
+
+
+@dataclass(frozen=True)
+class AddOptions:
+    """How rows become prompts."""
+
+    set_name: str
+    field: str | None = None
+    chat_template: bool | None = None  # None: on when the target's tokenizer has one
+    enable_thinking: bool | None = None  # None: the template's default
+    max_new_tokens: int = 2048
+    limit: int | None = None
+    shuffle_seed: int | None = None
+    suffix: str = ""
+    skip_bad: bool = False
+
+
+@dataclass(frozen=True)
+class Added:
+    """What a run registered, and the rows it skipped (with --skip-bad)."""
+
+    prompt_ids: list[str]
+    skipped: list[str]
+
+
+def collect_rows(files: Sequence[Path], opts: AddOptions) -> tuple[list[Row], list[str]]:
+    """Every file's prompts (shuffled and limited as asked), and the bad rows' messages; BadRow at the
+    first bad row unless `skip_bad`."""
+    rows, skipped = [], []
+    for path in files:
+        for i, record in enumerate(read_rows(path)):
+            try:
+                rows.append(prompt_of(record, path, i, opts.field))
+            except BadRow as e:
+                if not opts.skip_bad:
+                    raise
+                skipped.append(str(e))
+    if opts.shuffle_seed is not None:
+        random.Random(opts.shuffle_seed).shuffle(rows)
+    return rows[: opts.limit] if opts.limit is not None else rows, skipped
+
+
+def prompt_spec(row: Row, opts: AddOptions, chat_template: bool) -> dict[str, Any]:
+    """The `POST /prompts` entry of a row."""
+    spec: dict[str, Any] = {"name": f"{row.file.name}:{row.index}", "sets": [opts.set_name]}
+    messages = row.messages or [{"role": "user", "content": (row.text or "") + opts.suffix}]
+    if row.messages is not None and opts.suffix:
+        messages = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + opts.suffix}]
+    if chat_template:
+        spec["messages"] = messages
+        if opts.enable_thinking is not None:
+            spec["enable_thinking"] = opts.enable_thinking
+    elif row.messages is not None:
+        raise BadRow(f"{row.file} row {row.index}: a chat needs the chat template (drop --no-chat-template)")
+    else:
+        spec["text"] = messages[0]["content"]
+    return spec
+
+
+def add_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) -> Added:
+    """Read every row first (nothing is registered if one is bad, unless `skip_bad`), then register."""
+    has_template = client.model().chat_template_sha256 is not None
+    use_template = has_template if opts.chat_template is None else opts.chat_template
+    if use_template and not has_template:
+        raise ValueError("--chat-template: the target's tokenizer has no chat template")
+    if opts.enable_thinking is not None and not use_template:
+        raise ValueError("--enable-thinking / --disable-thinking are passed to the chat template, which is off")
+    rows, skipped = collect_rows(files, opts)
+    specs = [prompt_spec(row, opts, use_template) for row in rows]
+    if not specs:
+        raise ValueError(f"no prompts in {[str(f) for f in files]}")
+    ids: list[str] = []
+    for lo in range(0, len(specs), BATCH):
+        ids += [p.prompt_id for p in client.register(specs[lo : lo + BATCH], max_new_tokens=opts.max_new_tokens)]
+    return Added(ids, skipped)
+
+
+def wait_with_progress(client: CacheClient, set_name: str, timeout_s: float, poll_s: float = 1.0) -> None:
+    """A tqdm bar of the set's ready prompts, with pending and failed beside it, from the server's counts
+    (one `GET /sets` per poll); TimeoutError past `timeout_s`."""
+    from tqdm import tqdm
+
+    deadline = time.monotonic() + timeout_s
+    with tqdm(desc=set_name, unit="prompt") as bar:
+        while True:
+            counts = next(s for s in client.sets().sets if s.name == set_name)
+            bar.total = counts.total
+            bar.update(counts.ready - bar.n)
+            bar.set_postfix(pending=counts.pending, failed=counts.failed)
+            if counts.pending == 0:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{counts.pending} prompts of {set_name!r} still pending after {timeout_s:.0f} s")
+            time.sleep(poll_s)
+    if counts.failed:
+        failed = [p.prompt_id for p in client.prompts(PromptStatus.failed, set_name=set_name)]
+        log.warning("%d prompts of %r failed (e.g. %s)", counts.failed, set_name, failed[:3])

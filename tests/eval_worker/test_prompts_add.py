@@ -1,0 +1,84 @@
+"""`eval-worker prompts add` against a real server: dataset files of the common benchmark shapes become
+sets, rendered with the target's chat template exactly as `tokenizer.apply_chat_template` renders them
+(thinking on and off), and a malformed row registers nothing unless --skip-bad."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytest
+from transformers import AutoTokenizer
+
+from cache_server.client import CacheClient
+from eval_worker.cli import main
+from tests.support.servers import running_server
+
+pytestmark = pytest.mark.slow
+GSM8K = [{"question": "Tom has 3 apples and buys 4 more. How many?", "answer": "7"},
+         {"question": "What is 6 times 7?", "answer": "42"}]  # fmt: skip
+HUMANEVAL = [{"task_id": "HumanEval/0", "prompt": "def add(a, b):\n"},
+             {"task_id": "HumanEval/1", "prompt": "def fib(n):\n"}]  # fmt: skip
+SUFFIX = " Please reason step by step."
+
+
+def _render(tokenizer: Any, text: str, thinking: bool | None) -> list[int]:
+    extra = {} if thinking is None else {"enable_thinking": thinking}
+    out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=True, **extra)  # fmt: skip
+    return list(out["input_ids"])
+
+
+def test_sets_from_files_render_as_the_chat_template(tiny_target: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    gsm8k = tmp_path / "gsm8k.parquet"
+    datasets.Dataset.from_list(GSM8K).to_parquet(str(gsm8k))
+    humaneval = tmp_path / "humaneval.jsonl"
+    humaneval.write_text("".join(json.dumps(r) + "\n" for r in HUMANEVAL))
+    on_disk = tmp_path / "humaneval-disk"
+    datasets.Dataset.from_list(HUMANEVAL).save_to_disk(str(on_disk))
+    with running_server(tiny_target, tmp_path / "store") as url:
+        base = ["prompts", "add", "--server", url, "--max-new-tokens", "4"]
+        assert main([*base, str(gsm8k), "--set", "gsm8k", "--suffix", SUFFIX, "--disable-thinking", "--wait"]) == 0
+        assert main([*base, str(gsm8k), "--set", "gsm8k-think", "--suffix", SUFFIX, "--enable-thinking"]) == 0
+        assert main([*base, str(humaneval), "--set", "humaneval", "--wait"]) == 0
+        assert main([*base, str(on_disk), "--set", "humaneval-disk", "--no-chat-template", "--wait"]) == 0
+        assert "2 prompts registered in set 'gsm8k'" in capsys.readouterr().out
+        with CacheClient(url) as client:
+            client.wait_ready([p.prompt_id for p in client.prompts()])
+            for name, rows, field, thinking, suffix in (("gsm8k", GSM8K, "question", False, SUFFIX),
+                                                        ("gsm8k-think", GSM8K, "question", True, SUFFIX),
+                                                        ("humaneval", HUMANEVAL, "prompt", None, "")):  # fmt: skip
+                states = [client.prompt(p.prompt_id) for p in client.prompts(set_name=name)]
+                assert [s.token_ids[: s.prompt_len] for s in states] == [
+                    _render(tokenizer, r[field] + suffix, thinking) for r in rows
+                ]
+                assert all(s.enable_thinking is thinking and s.chat_template_sha256 for s in states)
+                assert all(s.num_tokens == s.prompt_len + 4 for s in states)  # --max-new-tokens
+            plain = [client.prompt(p.prompt_id) for p in client.prompts(set_name="humaneval-disk")]
+            assert [s.token_ids[: s.prompt_len] for s in plain] == [
+                tokenizer(r["prompt"])["input_ids"] for r in HUMANEVAL
+            ]
+            assert all(s.chat_template_sha256 is None for s in plain)
+            counts = {s.name: (s.total, s.ready) for s in client.sets().sets}
+        assert counts == {"gsm8k": (2, 2), "gsm8k-think": (2, 2), "humaneval": (2, 2), "humaneval-disk": (2, 2)}
+
+
+def test_a_malformed_row_registers_nothing_unless_skipped(tiny_target: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    bad = tmp_path / "mixed.jsonl"
+    bad.write_text(json.dumps({"question": "fine"}) + "\n" + json.dumps({"question": ""}) + "\n"
+                   + json.dumps({"turns": ["one", "two"]}) + "\n")  # fmt: skip
+    with running_server(tiny_target, tmp_path / "store") as url:
+        base = ["prompts", "add", str(bad), "--server", url, "--set", "mixed", "--max-new-tokens", "2"]
+        assert main(base) == 1
+        assert f"{bad} row 1: field 'question' must be non-empty text" in capsys.readouterr().err
+        with CacheClient(url) as client:
+            assert client.prompts() == [] and client.sets().sets == []
+            assert main([*base, "--skip-bad"]) == 0
+            out = capsys.readouterr().out
+            assert "row 2: field 'turns' has 2 turns" in out and "1 prompts registered" in out
+            assert [s.total for s in client.sets().sets] == [1]
