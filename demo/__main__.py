@@ -1,8 +1,8 @@
 """The end-to-end demo on a tiny local model: `./dev demo` (or `python -m demo`).
 
-Builds a tiny random Qwen3 target, starts a real cache server, registers prompts whose responses
-the target generates, trains a tiny DFlash drafter on features fetched from the cache and saves it
-at two steps, trains a tiny EAGLE-3 drafter (a draft vocab of half the target's, EAGLE-3's default
+Builds a tiny random Qwen3 target, starts a real cache server, registers prompts (two sets, code and
+prose) whose responses the target generates, trains a tiny DFlash drafter on features fetched from the
+cache and saves it at two steps, trains a tiny EAGLE-3 drafter (a draft vocab of half the target's, EAGLE-3's default
 taps) and saves it in the EAGLE layout, submits every checkpoint as a job, runs an eval worker until
 they are done, then prints the leaderboard of both families and writes the tau plot.
 """
@@ -43,6 +43,7 @@ TEXTS = [
     "Speculative decoding drafts",
     "print(x.sum(axis=0))",
 ]
+CODE = {0, 2, 4, 5, 7}  # the rest are prose: two prompt sets, reported apart
 HELD_OUT = 2  # the last prompts are never trained on
 
 
@@ -95,8 +96,8 @@ def run_jobs(url: str, runs: Path, workdir: Path) -> None:
     with CacheClient(url) as client:
         jobs = JobsClient(client)
         submitted = [
-            jobs.submit(p.name, eagle_trees=["4,3,16"]) if p.name.startswith("eagle3")
-            else jobs.submit(p.name, tree_budgets=[4, 8])
+            jobs.submit(p.name, eagle_trees=["4,3,16"], sets=["code", "prose"]) if p.name.startswith("eagle3")
+            else jobs.submit(p.name, tree_budgets=[4, 8], sets=["code", "prose"])
             for p in sorted(runs.glob("*.pt"))
         ]  # fmt: skip
         for job in submitted:
@@ -137,10 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     with running_server(target, args.workdir / "store", *server_args) as url, CacheClient(url) as client:
         info = client.model()
         _say(f"cache server up at {url}: {info.num_layers} layers, hidden {info.hidden_size}, {info.fingerprint}")
-        registered = client.register([{"text": t, "name": t} for t in TEXTS], max_new_tokens=args.new_tokens)
+        specs = [{"text": t, "name": t, "sets": ["code" if i in CODE else "prose"]} for i, t in enumerate(TEXTS)]
+        registered = client.register(specs, max_new_tokens=args.new_tokens)
         ids = [r.prompt_id for r in registered]
         client.wait_ready(ids, timeout_s=300)
         print(f"{len(ids)} prompts registered; the target generated {args.new_tokens}-token greedy responses")
+        counts = ", ".join(f"{s.name} {s.ready}/{s.total} ready" for s in client.sets().sets)
+        print(f"prompt sets (GET /sets): {counts}")
 
         train_checkpoints(client, target, ids, args.steps, runs)
         train_eagle3_checkpoint(client, target, ids, args.steps[1], runs)
