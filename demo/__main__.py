@@ -10,6 +10,7 @@ they are done, then prints the leaderboard of both families and writes the tau p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -116,12 +117,26 @@ def run_jobs(url: str, runs: Path, workdir: Path) -> None:
             raise RuntimeError(f"jobs failed: {[(f.checkpoint_relative, f.error) for f in failed]}")
 
 
+def _screenshot(url: str, out: Path) -> None:
+    """The leaderboard page as headless Chromium renders it, when Chromium is installed."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        print("(no chromium here: no screenshot of the page)")
+        return
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+           "--virtual-time-budget=10000", "--window-size=1280,1100", f"--screenshot={out.resolve()}",
+           url + "/"]  # fmt: skip
+    subprocess.run(cmd, capture_output=True, timeout=120, check=True)
+    print(f"page screenshot: {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
     p.add_argument("--workdir", type=Path, default=Path("demo-out"))
     p.add_argument("--layers", type=int, default=8, help="target decoder layers")
     p.add_argument("--new-tokens", type=int, default=48, help="generated response length per prompt")
     p.add_argument("--steps", type=int, nargs=2, default=[30, 200], help="the two checkpoint steps")
+    p.add_argument("--keep-serving", action="store_true", help="keep the server (and its page) up until Ctrl-C")
     args = p.parse_args(argv)
     if args.layers < 7:
         p.error("--layers must be >= 7: EAGLE-3's default taps (layer inputs 2, L//2, L-3) must be distinct")
@@ -156,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         print(compare_table(reports))
         plot(reports, args.workdir / "tau.png")
         print(f"plot: {args.workdir / 'tau.png'}")
+        _screenshot(url, args.workdir / "leaderboard.png")
+        print(f"\nleaderboard page: {url}/  (served until the demo ends; --keep-serving keeps it up)")
+        if args.keep_serving:
+            print("serving; Ctrl-C to stop", flush=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.pause()
     print(f"\ndone in {time.perf_counter() - started:.0f} s; everything is under {args.workdir}/")
     return 0
 

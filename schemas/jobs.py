@@ -190,3 +190,22 @@ class FailRequest(BaseModel):
     @classmethod
     def _tail(cls, v: str) -> str:
         return v if len(v) <= MAX_ERROR_CHARS else "..." + v[-MAX_ERROR_CHARS:]
+
+
+class JobReport(BaseModel):
+    """A done job and its report's summaries (`prompts` left out: per-prompt rounds are in
+    `GET /jobs/{id}/report`)."""
+
+    job_id: str
+    checkpoint_relative: str
+    finished_at: datetime | None
+    report: EvalReport
+
+
+class JobReportPage(BaseModel):
+    """`GET /jobs/reports`: one page of done jobs' report summaries, in submission order."""
+
+    reports: list[JobReport]
+    total: int
+    offset: int
+    limit: int

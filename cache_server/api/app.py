@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from cache_server.api.error_handlers import install_error_handlers
 from cache_server.api.jobs_routes import jobs_router
+from cache_server.api.page import page_router
 from cache_server.api.routes import router
 from cache_server.capture.target import Target
 from cache_server.compute.metrics import Metrics
@@ -82,4 +83,5 @@ def create_app(
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(jobs_router)
+    app.include_router(page_router)
     return app

@@ -17,6 +17,8 @@ from schemas.jobs import (
     CompleteRequest,
     FailRequest,
     JobPage,
+    JobReport,
+    JobReportPage,
     JobState,
     JobStatus,
     JobSubmit,
@@ -73,6 +75,23 @@ def claim(body: ClaimRequest, jobs: JobsDep, service: ServiceDep) -> Claim | Res
     ids = job.prompts if isinstance(job.prompts, list) else service.evaluable_prompt_ids(job.sets)
     members = {name: service.sets.members(name) or [] for name in job.sets}
     return Claim(job=job, lease=leased.lease, prompt_ids=ids, set_members=members)
+
+
+@jobs_router.get("/reports", responses=error_responses())
+def reports(
+    jobs: JobsDep,
+    offset: Annotated[AsciiInt, Query(ge=0)] = 0,
+    limit: Annotated[AsciiInt, Query(ge=1, le=1000)] = 100,
+) -> JobReportPage:
+    """Done jobs' report summaries in one call (each report without its per-prompt rounds), for the
+    leaderboard page and dashboards."""
+    done, total = jobs.done_reports(offset, limit)
+    out = [
+        JobReport(job_id=job.job_id, checkpoint_relative=job.checkpoint_relative, finished_at=job.finished_at,
+                  report=EvalReport.model_validate_json(text).model_copy(update={"prompts": []}))
+        for job, text in done
+    ]  # fmt: skip
+    return JobReportPage(reports=out, total=total, offset=offset, limit=limit)
 
 
 @jobs_router.get("/{job_id}", responses=error_responses(E.job_not_found))

@@ -146,6 +146,16 @@ class JobStore:
                 raise JobRunning(f"job {job_id} is running; it can be deleted once it is done or failed")
             c.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
 
+    def done_reports(self, offset: int = 0, limit: int = 100) -> tuple[list[tuple[JobState, str]], int]:
+        """Done jobs in submission order with their EvalReport JSON, and how many are done in all."""
+        with self._write() as c:
+            total = c.execute("SELECT COUNT(*) FROM jobs WHERE status = 'done'").fetchone()[0]
+            rows = c.execute(
+                f"SELECT {STATE_COLUMNS}, report FROM jobs WHERE status = 'done' ORDER BY rowid LIMIT ? OFFSET ?",
+                (limit, offset),
+            ).fetchall()
+        return [(job_state(r), str(r["report"])) for r in rows], total
+
     def report(self, job_id: str) -> str:
         """The stored EvalReport JSON of a done job."""
         with self._write() as c:

@@ -1,0 +1,87 @@
+"""The leaderboard page (`GET /`) in a real browser: headless Chromium loads it from a real server with
+finished jobs on two sets, and the rendered rows carry the reports' numbers, per set too."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from cache_server.client import CacheClient, JobsClient
+from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.settings import WorkerSettings
+from eval_worker.worker.job_worker import JobWorker
+from schemas.jobs import JobStatus
+from tests.support.checkpoints import save_torch_checkpoint
+from tests.support.servers import running_server
+from tests.support.tiny_trainer import Sequences
+
+pytestmark = pytest.mark.slow
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _browser(*args: str) -> str:
+    """Headless Chromium, given time to run the page's fetches; its stdout."""
+    assert CHROMIUM is not None
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+           "--virtual-time-budget=10000", "--window-size=1280,1100", *args]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def _rows(dom: str) -> dict[str, dict[str, str]]:
+    """Leaderboard rows: checkpoint -> {column kind: the number shown}."""
+    rows = {}
+    row = r'<tr class="board-row[^"]*" data-job="[^"]+" data-checkpoint="([^"]+)">(.*?)</tr>'
+    for checkpoint, body in re.findall(row, dom):
+        rows[checkpoint] = dict(re.findall(r'<td class="tau" data-kind="([^"]+)">([^<]*)</td>', body))
+    return rows
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it with apt-get)")
+def test_the_page_shows_the_reports_in_a_real_browser(
+    tiny_target: Path, tmp_path: Path, sequences: Sequences, trained_drafter: DFlashDrafter
+) -> None:
+    root = tmp_path / "runs"
+    for step in (10, 20):
+        save_torch_checkpoint(root / "v1" / f"step_{step}.pt", trained_drafter, global_step=step, epoch=0)
+    specs = [{"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist(), "sets": ["a" if i < 4 else "b"]}
+             for i, (ids, n) in enumerate(zip(sequences.token_ids, sequences.prompt_lens, strict=True))]  # fmt: skip
+    with running_server(tiny_target, tmp_path / "store", "--checkpoint-root", str(root)) as url:
+        with CacheClient(url) as client:
+            client.wait_ready([p.prompt_id for p in client.register(specs)])
+            jobs = JobsClient(client)
+            submitted = [jobs.submit(f"v1/step_{s}.pt", tree_budgets=[3], sets=["a", "b"]) for s in (10, 20)]
+            stop = threading.Event()
+            settings = WorkerSettings(server=url, device="cpu", poll_interval=0.1, heads_cache=tmp_path / "heads")
+            worker = threading.Thread(target=JobWorker(client, settings).serve, args=(stop,))
+            worker.start()
+            try:
+                assert all(jobs.wait(j.job_id, timeout_s=120, poll_s=0.1).status == JobStatus.done for j in submitted)
+            finally:
+                stop.set()
+                worker.join()
+            reports = {f"v1/step_{s}.pt": jobs.report(j.job_id) for s, j in zip((10, 20), submitted, strict=True)}
+            model = client.model()
+
+        dom = _browser("--dump-dom", url + "/")
+        assert f'<b id="target-name">{model.name}</b>' in dom and model.fingerprint in dom
+        assert re.search(r'<tr class="set-row" data-set="a"><td class="l">a</td><td>4</td><td>4</td>', dom)
+        assert dom.count('class="job-row" data-status="done"') == 2
+        shown = _rows(dom)
+        assert set(shown) == set(reports)
+        for checkpoint, report in reports.items():
+            assert shown[checkpoint]["chain"] == f"{report.summary.chain.mean_tau:.3f}"
+            assert shown[checkpoint]["trees:3"] == f"{report.summary.trees[3].mean_tau:.3f}"
+        assert '<polyline class="run" data-run="v1"' in dom and '<polyline id="curve"' in dom
+
+        per_set = _rows(_browser("--dump-dom", url + "/?set=b"))
+        for checkpoint, report in reports.items():
+            assert per_set[checkpoint]["chain"] == f"{report.summary.by_set['b'].chain.mean_tau:.3f}"
+
+        shot = tmp_path / "leaderboard.png"
+        _browser(f"--screenshot={shot}", url + "/")
+        assert shot.read_bytes()[:4] == b"\x89PNG" and shot.stat().st_size > 20_000
