@@ -143,6 +143,12 @@ def _parser() -> argparse.ArgumentParser:
                    SubmitSettings, positional="dir")  # fmt: skip
     _job_options(wat)
     wat.add_argument("--set", dest="sets", action="append", help="evaluate on the prompts of this set (repeatable)")
+    wat.add_argument(
+        "--tensorboard",
+        type=Path,
+        help="write each finished checkpoint's taus here as TensorBoard "
+        "scalars at its training step (needs [tensorboard])",
+    )
     wat.add_argument("--interval", type=float, default=10.0, help="seconds between looks (10)")
     wat.add_argument("--once", action="store_true", help="look twice (to see which files are finished), then exit")
 

@@ -5,6 +5,7 @@ them, so that `submit`, `watch` and `compare` run on the light install."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import threading
@@ -16,6 +17,7 @@ from eval_worker.exit_codes import ExitCode
 if TYPE_CHECKING:
     from cache_server.client import CacheClient, JobsClient
     from eval_worker.settings import ConnectionSettings, EvaluateSettings, SubmitSettings, WorkerSettings
+    from eval_worker.worker.tensorboard_log import TensorBoardLog
     from schemas.jobs import JobState
 
 log = logging.getLogger(__name__)
@@ -149,13 +151,18 @@ def submit(args: argparse.Namespace, settings: SubmitSettings) -> int:
 
 
 def watch(args: argparse.Namespace, settings: SubmitSettings) -> int:
-    """Submit each checkpoint under DIR once it has finished writing, each once."""
+    """Submit each checkpoint under DIR once it has finished writing, each once; with --tensorboard,
+    write each finished one's taus there at its training step."""
     from cache_server.client import JobsClient
     from eval_worker.worker.watch import CheckpointWatcher
 
     watcher = CheckpointWatcher(args.dir)
     stop = _stop_on_signals()
-    with _client(settings) as client:
+    board = _tensorboard(args.tensorboard)
+    run = Path(_job_path(args.dir, settings.checkpoint_root))  # the run as the server names its checkpoints
+    with _client(settings) as client, contextlib.ExitStack() as cleanup:
+        if board is not None:
+            cleanup.callback(board.close)
         jobs = JobsClient(client)
         existing = jobs.jobs()
         # a job's checkpoint as the server resolved it, and as submitted relative to the root
@@ -170,10 +177,34 @@ def watch(args: argparse.Namespace, settings: SubmitSettings) -> int:
                     continue
                 known.add(_submit(jobs, args, path).checkpoint)
             looks += 1
+            if board is not None:
+                relative = settings.checkpoint_root is not None
+                _write_finished(jobs, board, run, relative, wait=args.once and looks >= 2)
             if args.once and looks >= 2:
                 break
             stop.wait(args.interval)
     return ExitCode.ok
+
+
+def _tensorboard(log_dir: Path | None) -> TensorBoardLog | None:
+    if log_dir is None:
+        return None
+    from eval_worker.worker.tensorboard_log import TensorBoardLog
+
+    return TensorBoardLog(log_dir)
+
+
+def _write_finished(jobs: JobsClient, board: TensorBoardLog, run: Path, relative: bool, *, wait: bool) -> None:
+    """Write the run's done jobs not yet in the log; with `wait`, first wait for the run's jobs to end."""
+    from schemas.jobs import JobStatus
+
+    mine = [j for j in jobs.jobs() if Path(j.checkpoint_relative if relative else j.checkpoint).is_relative_to(run)]
+    if wait:  # `--once`: what was submitted is written before exiting
+        mine = [jobs.wait(j.job_id, timeout_s=float("inf"), poll_s=1.0) for j in mine if not board.has(j.job_id)]
+    for job in mine:
+        if job.status == JobStatus.done and not board.has(job.job_id):
+            board.write(job.job_id, jobs.report(job.job_id))
+            print(f"tensorboard: {job.checkpoint_relative} at step {board.last_step}", flush=True)
 
 
 def compare(args: argparse.Namespace, _: None) -> int:
