@@ -30,26 +30,26 @@ def test_finished_checkpoints_become_scalars_at_their_step(tiny_target: Path, tm
     drafter = DFlashDrafter(tiny_drafter_config(AutoConfig.from_pretrained(tiny_target), [1, 3, 5]), 3)
     for step in (10, 20):
         save_torch_checkpoint(root / "v1" / f"step_{step}.pt", drafter, global_step=step, epoch=0)
-    with running_server(tiny_target, tmp_path / "store", "--checkpoint-root", str(root)) as url:
-        with CacheClient(url) as client:
-            specs = [{"token_ids": [5, 6, 7], "sets": ["a"]}, {"token_ids": [9, 8, 7, 6], "sets": ["b"]}]
-            client.wait_ready([p.prompt_id for p in client.register(specs, max_new_tokens=12)])
-            stop = threading.Event()
-            settings = WorkerSettings(server=url, device="cpu", poll_interval=0.1, heads_cache=tmp_path / "heads")
-            worker = threading.Thread(target=JobWorker(client, settings).serve, args=(stop,))
-            worker.start()
-            try:
-                argv = ["watch", str(root / "v1"), "--server", url, "--checkpoint-root", str(root), "--once",
-                        "--interval", "0.2", "--tree-budget", "4", "--set", "a", "--set", "b",
-                        "--tensorboard", str(board)]  # fmt: skip
-                assert main(argv) == 0
-                assert main(argv) == 0  # again: nothing new to submit, nothing written twice
-            finally:
-                stop.set()
-                worker.join()
-            jobs = JobsClient(client)
-            done = jobs.jobs(JobStatus.done)
-            reports = {r.step: r for r in (jobs.report(j.job_id) for j in done)}
+    server = running_server(tiny_target, tmp_path / "store", "--checkpoint-root", str(root))
+    with server as url, CacheClient(url) as client:
+        specs = [{"token_ids": [5, 6, 7], "sets": ["a"]}, {"token_ids": [9, 8, 7, 6], "sets": ["b"]}]
+        client.wait_ready([p.prompt_id for p in client.register(specs, max_new_tokens=12)])
+        stop = threading.Event()
+        settings = WorkerSettings(server=url, device="cpu", poll_interval=0.1, heads_cache=tmp_path / "heads")
+        worker = threading.Thread(target=JobWorker(client, settings).serve, args=(stop,))
+        worker.start()
+        try:
+            argv = ["watch", str(root / "v1"), "--server", url, "--checkpoint-root", str(root), "--once",
+                    "--interval", "0.2", "--tree-budget", "4", "--set", "a", "--set", "b",
+                    "--tensorboard", str(board)]  # fmt: skip
+            assert main(argv) == 0
+            assert main(argv) == 0  # again: nothing new to submit, nothing written twice
+        finally:
+            stop.set()
+            worker.join()
+        jobs = JobsClient(client)
+        done = jobs.jobs(JobStatus.done)
+        reports = {r.step: r for r in (jobs.report(j.job_id) for j in done)}
     assert len(done) == 2 and sorted(reports) == [10, 20]
     events = EventAccumulator(str(board))
     events.Reload()
