@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ class Scheduler:
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-writer")
         self._thread = threading.Thread(target=self._compute_loop, name="target-compute", daemon=True)
         self._stopping = threading.Event()
+        self._progress = _Progress()
 
     def start(self) -> None:
         """Start the compute thread."""
@@ -151,6 +153,7 @@ class Scheduler:
                 self._fail(task, e)
             return
         self.metrics.prompts_computed.inc(len(ready))
+        self._progress.computed(len(ready), waiting=self._queue.qsize())
         for (task, seq), out in zip(ready, outputs, strict=True):
             self._writers.submit(self._publish, task, seq, out)
 
@@ -209,3 +212,23 @@ class Scheduler:
             self._inflight.pop(pid, None)
             self._failed[pid] = message
         task.future.set_exception(PromptFailed(f"prompt {pid} failed: {message}"))
+
+
+class _Progress:
+    """Logs, at most every `every_s` while the target works, how many prompts it computed and how fast."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self._every_s = every_s
+        self._since = self._last = time.monotonic()
+        self._count = self._logged = 0
+
+    def computed(self, n: int, *, waiting: int) -> None:
+        """`n` more prompts computed; `waiting` tasks are queued behind them."""
+        now = time.monotonic()
+        if self._count == self._logged and now - self._last > self._every_s:  # idle since the last line
+            self._since = now
+        self._count += n
+        if now - self._last >= self._every_s or waiting == 0:
+            rate = (self._count - self._logged) / max(now - self._since, 1e-9)
+            log.info("computed %d prompts (%d queued), %.1f prompts/s", self._count, waiting, rate)
+            self._last, self._since, self._logged = now, now, self._count
