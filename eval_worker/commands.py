@@ -237,7 +237,7 @@ def prompts_add(args: argparse.Namespace, settings: ConnectionSettings) -> int:
     opts = AddOptions(
         set_name=args.set_name, field=args.field, chat_template=args.chat_template,
         enable_thinking=args.enable_thinking, max_new_tokens=args.max_new_tokens, limit=args.limit,
-        shuffle_seed=args.shuffle_seed, suffix=args.suffix, skip_bad=args.skip_bad,
+        shuffle_seed=args.shuffle_seed, suffix=args.suffix, skip_bad=args.skip_bad, timeout_s=settings.timeout_s,
     )  # fmt: skip
     with _client(settings) as client:
         added = add_prompts(client, args.files, opts)

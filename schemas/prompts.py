@@ -27,11 +27,23 @@ MAX_SETS_PER_PROMPT = 16
 
 
 class ChatMessage(BaseModel):
-    """One chat turn, rendered with the target's chat template."""
+    """One chat turn, rendered with the target's chat template. An assistant turn may instead name a
+    registered prompt (`response_of`) whose response the server fills in, decoded as text: a later turn
+    of a multi-turn conversation then carries the target's own earlier answer (the DFlash benchmark's
+    mt-bench protocol)."""
 
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool"]
-    content: Text
+    content: Text | None = None
+    response_of: str | None = Field(default=None, min_length=1, max_length=64)
+
+    @model_validator(mode="after")
+    def _content_or_response(self) -> ChatMessage:
+        if (self.content is None) == (self.response_of is None):
+            raise ValueError("a message needs exactly one of content and response_of")
+        if self.response_of is not None and self.role != "assistant":
+            raise ValueError("response_of fills in an assistant turn")
+        return self
 
 
 class PromptSpec(BaseModel):

@@ -92,7 +92,10 @@ class Target:
         if spec.token_ids is not None:
             ids = list(spec.token_ids)
         elif spec.messages is not None:
-            ids = self._apply_chat_template([m.model_dump() for m in spec.messages], spec.enable_thinking)
+            if any(m.content is None for m in spec.messages):
+                raise InvalidPrompt("a response_of message must be filled in before the prompt is rendered")
+            ids = self._apply_chat_template([{"role": m.role, "content": m.content or ""} for m in spec.messages],
+                                            spec.enable_thinking)  # fmt: skip
         else:
             ids = list(self.tokenizer(spec.text).input_ids)
         if not ids:
@@ -101,6 +104,10 @@ class Target:
         if spec.response_token_ids is not None:
             self.check_token_ids(spec.response_token_ids, "response_token_ids")
         return ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Token ids as text, special tokens left out (how a chat client reads an answer back)."""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
     @property
     def chat_template_sha256(self) -> str | None:

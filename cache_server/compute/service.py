@@ -18,13 +18,14 @@ from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.scheduler import Scheduler
 from cache_server.compute.sets import SetRegistry
 from cache_server.compute.streaming import BlockBuffers, HiddenStream, hidden_stream
-from cache_server.errors import InvalidLayers, PromptNotFound, PromptNotReady, UnknownSets
+from cache_server.errors import InvalidLayers, InvalidPrompt, PromptNotFound, PromptNotReady, UnknownSets
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
 from cache_server.torch_utils import dtype_name
 from schemas.layers import layer_list_problem, parse_layer_list
 from schemas.model import ModelInfo
 from schemas.prompts import (
+    ChatMessage,
     GenerateSpec,
     PromptPage,
     PromptSpec,
@@ -113,7 +114,7 @@ class HiddenStateService:
         return out
 
     def _registration(self, spec: PromptSpec, generate: GenerateSpec | None) -> Registration:
-        prompt_ids = tuple(self.target.encode(spec))
+        prompt_ids = tuple(self.target.encode(self._answers_filled_in(spec)))
         response = tuple(spec.response_token_ids) if spec.response_token_ids is not None else None
         max_new = generate.max_new_tokens if generate is not None and response is None else None
         self.target.check_length(len(prompt_ids) + (len(response) if response else max_new or 0))
@@ -126,6 +127,24 @@ class HiddenStateService:
             chat_template_sha256=self.target.chat_template_sha256 if spec.messages is not None else None,
             enable_thinking=spec.enable_thinking,
         )
+
+    def _answers_filled_in(self, spec: PromptSpec) -> PromptSpec:
+        """`spec` with every `response_of` message replaced by that prompt's response, decoded."""
+        if not spec.messages or all(m.response_of is None for m in spec.messages):
+            return spec
+        messages = []
+        for m in spec.messages:
+            if m.response_of is not None:
+                reg, manifest = self.registry.get(m.response_of), self.store.manifest(m.response_of)
+                if reg is None:
+                    raise InvalidPrompt(f"response_of {m.response_of!r}: no such prompt is registered")
+                if manifest is None:
+                    raise InvalidPrompt(f"response_of {m.response_of!r}: that prompt's response is not computed yet "
+                                        "(wait until it is ready, then register the next turn)")  # fmt: skip
+                response = self.store.token_ids(m.response_of)[reg.prompt_len :].tolist()
+                m = ChatMessage(role="assistant", content=self.target.decode(response))
+            messages.append(m)
+        return spec.model_copy(update={"messages": messages})
 
     def is_registered(self, prompt_id: str) -> bool:
         """Whether a prompt with this id is registered for the target."""

@@ -32,6 +32,7 @@ class Row:
     index: int
     text: str | None
     messages: list[dict[str, str]] | None = None
+    later_turns: tuple[str, ...] = ()  # mt-bench: user turns after the first, each answered in order
 
 
 def read_rows(path: Path) -> Iterator[Mapping[str, Any]]:
@@ -67,10 +68,7 @@ def prompt_of(row: Mapping[str, Any], file: Path, index: int, field: str | None 
         turns = row["turns"]
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
             raise BadRow(f"{where}: field 'turns' must be a non-empty list of strings")
-        if len(turns) > 1:
-            raise BadRow(f"{where}: field 'turns' has {len(turns)} turns; multi-turn prompts (each turn answered "
-                         "by the target in order) are not supported yet, only single-turn ones")  # fmt: skip
-        return Row(file, index, turns[0])
+        return Row(file, index, turns[0], later_turns=tuple(turns[1:]))
     for name in CHAT_FIELDS:
         if row.get(name) is not None:
             return Row(file, index, None, _leading_messages(row[name], where, name))

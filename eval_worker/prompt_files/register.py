@@ -32,6 +32,7 @@ class AddOptions:
     shuffle_seed: int | None = None
     suffix: str = ""
     skip_bad: bool = False
+    timeout_s: float = 600.0  # waiting for a multi-turn prompt's earlier turns
 
 
 @dataclass(frozen=True)
@@ -69,10 +70,27 @@ def prompt_spec(row: Row, opts: AddOptions, chat_template: bool) -> dict[str, An
         spec["messages"] = messages
         if opts.enable_thinking is not None:
             spec["enable_thinking"] = opts.enable_thinking
-    elif row.messages is not None:
-        raise BadRow(f"{row.file} row {row.index}: a chat needs the chat template (drop --no-chat-template)")
+    elif row.messages is not None or row.later_turns:
+        raise BadRow(f"{row.file} row {row.index}: a chat or a multi-turn prompt needs the chat template "
+                     "(drop --no-chat-template)")  # fmt: skip
     else:
         spec["text"] = messages[0]["content"]
+    return spec
+
+
+def later_turn_spec(row: Row, opts: AddOptions, earlier: list[str], turn: int) -> dict[str, Any]:
+    """Turn `turn` (1-based, >= 2) of a multi-turn row: every earlier user turn followed by the target's own
+    answer to it (the server fills in the response of each earlier turn's prompt), then this turn."""
+    users = [row.text or "", *row.later_turns][:turn]
+    messages: list[dict[str, Any]] = []
+    for text, answered in zip(users, [*earlier, None], strict=True):
+        messages.append({"role": "user", "content": text + opts.suffix})
+        if answered is not None:
+            messages.append({"role": "assistant", "response_of": answered})
+    spec: dict[str, Any] = {"name": f"{row.file.name}:{row.index}:turn{turn}", "sets": [opts.set_name],
+                            "messages": messages}  # fmt: skip
+    if opts.enable_thinking is not None:
+        spec["enable_thinking"] = opts.enable_thinking
     return spec
 
 
@@ -88,10 +106,24 @@ def add_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) ->
     specs = [prompt_spec(row, opts, use_template) for row in rows]
     if not specs:
         raise ValueError(f"no prompts in {[str(f) for f in files]}")
+    ids = _register(client, specs, opts.max_new_tokens)
+    # Multi-turn rows: turn k is registered once the target has answered turns 1..k-1 (each its own prompt).
+    threads = {i: [pid] for i, (row, pid) in enumerate(zip(rows, ids, strict=True)) if row.later_turns}
+    for turn in range(2, 2 + max((len(rows[i].later_turns) for i in threads), default=0)):
+        waiting = {i: chain for i, chain in threads.items() if len(rows[i].later_turns) >= turn - 1}
+        client.wait_ready([chain[-1] for chain in waiting.values()], timeout_s=opts.timeout_s)
+        later = [later_turn_spec(rows[i], opts, chain, turn) for i, chain in waiting.items()]
+        for chain, prompt_id in zip(waiting.values(), _register(client, later, opts.max_new_tokens), strict=True):
+            chain.append(prompt_id)
+            ids.append(prompt_id)
+    return Added(ids, skipped)
+
+
+def _register(client: CacheClient, specs: list[dict[str, Any]], max_new_tokens: int) -> list[str]:
     ids: list[str] = []
     for lo in range(0, len(specs), BATCH):
-        ids += [p.prompt_id for p in client.register(specs[lo : lo + BATCH], max_new_tokens=opts.max_new_tokens)]
-    return Added(ids, skipped)
+        ids += [p.prompt_id for p in client.register(specs[lo : lo + BATCH], max_new_tokens=max_new_tokens)]
+    return ids
 
 
 def wait_with_progress(client: CacheClient, set_name: str, timeout_s: float, poll_s: float = 1.0) -> None:

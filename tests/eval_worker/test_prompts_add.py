@@ -22,12 +22,15 @@ GSM8K = [{"question": "Tom has 3 apples and buys 4 more. How many?", "answer": "
 HUMANEVAL = [{"task_id": "HumanEval/0", "prompt": "def add(a, b):\n"},
              {"task_id": "HumanEval/1", "prompt": "def fib(n):\n"}]  # fmt: skip
 SUFFIX = " Please reason step by step."
+MT_BENCH = [{"question_id": 81, "turns": ["Write a haiku about Python.", "Now make it rhyme."]},
+            {"question_id": 82, "turns": ["Name a prime number.", "Is it even?"]}]  # fmt: skip
 
 
-def _render(tokenizer: Any, text: str, thinking: bool | None) -> list[int]:
+def _render(tokenizer: Any, text: str | list[dict[str, str]], thinking: bool | None) -> list[int]:
+    messages = [{"role": "user", "content": text}] if isinstance(text, str) else text
     extra = {} if thinking is None else {"enable_thinking": thinking}
-    out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=True, **extra)  # fmt: skip
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                        **extra)  # fmt: skip
     return list(out["input_ids"])
 
 
@@ -38,6 +41,8 @@ def test_sets_from_files_render_as_the_chat_template(tiny_target: Path, tmp_path
     datasets.Dataset.from_list(GSM8K).to_parquet(str(gsm8k))
     humaneval = tmp_path / "humaneval.jsonl"
     humaneval.write_text("".join(json.dumps(r) + "\n" for r in HUMANEVAL))
+    mt_bench = tmp_path / "mt_bench.jsonl"
+    mt_bench.write_text("".join(json.dumps(r) + "\n" for r in MT_BENCH))
     on_disk = tmp_path / "humaneval-disk"
     datasets.Dataset.from_list(HUMANEVAL).save_to_disk(str(on_disk))
     with running_server(tiny_target, tmp_path / "store") as url:
@@ -46,6 +51,7 @@ def test_sets_from_files_render_as_the_chat_template(tiny_target: Path, tmp_path
         assert main([*base, str(gsm8k), "--set", "gsm8k-think", "--suffix", SUFFIX, "--enable-thinking"]) == 0
         assert main([*base, str(humaneval), "--set", "humaneval", "--wait"]) == 0
         assert main([*base, str(on_disk), "--set", "humaneval-disk", "--no-chat-template", "--wait"]) == 0
+        assert main([*base, str(mt_bench), "--set", "mt-bench", "--disable-thinking", "--wait"]) == 0
         assert "2 prompts registered in set 'gsm8k'" in capsys.readouterr().out
         with CacheClient(url) as client:
             client.wait_ready([p.prompt_id for p in client.prompts()])
@@ -63,15 +69,27 @@ def test_sets_from_files_render_as_the_chat_template(tiny_target: Path, tmp_path
                 tokenizer(r["prompt"])["input_ids"] for r in HUMANEVAL
             ]
             assert all(s.chat_template_sha256 is None for s in plain)
+            # Two turns per conversation, each its own prompt: turn 2 holds the target's own answer to turn 1.
+            turns = [client.prompt(p.prompt_id) for p in client.prompts(set_name="mt-bench")]
+            assert [s.name for s in turns] == ["mt_bench.jsonl:0", "mt_bench.jsonl:1", "mt_bench.jsonl:0:turn2",
+                                               "mt_bench.jsonl:1:turn2"]  # fmt: skip
+            for first, second, row in zip(turns[:2], turns[2:], MT_BENCH, strict=True):
+                assert first.token_ids[: first.prompt_len] == _render(tokenizer, row["turns"][0], False)
+                answer = tokenizer.decode(first.token_ids[first.prompt_len :], skip_special_tokens=True)
+                chat = [{"role": "user", "content": row["turns"][0]}, {"role": "assistant", "content": answer},
+                        {"role": "user", "content": row["turns"][1]}]  # fmt: skip
+                assert second.token_ids[: second.prompt_len] == _render(tokenizer, chat, False)
+                assert second.num_tokens == second.prompt_len + 4
             counts = {s.name: (s.total, s.ready) for s in client.sets().sets}
-        assert counts == {"gsm8k": (2, 2), "gsm8k-think": (2, 2), "humaneval": (2, 2), "humaneval-disk": (2, 2)}
+        assert counts == {"gsm8k": (2, 2), "gsm8k-think": (2, 2), "humaneval": (2, 2), "humaneval-disk": (2, 2),
+                          "mt-bench": (4, 4)}  # fmt: skip
 
 
 def test_a_malformed_row_registers_nothing_unless_skipped(tiny_target: Path, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     bad = tmp_path / "mixed.jsonl"
     bad.write_text(json.dumps({"question": "fine"}) + "\n" + json.dumps({"question": ""}) + "\n"
-                   + json.dumps({"turns": ["one", "two"]}) + "\n")  # fmt: skip
+                   + json.dumps({"turns": ["one", 2]}) + "\n")  # fmt: skip
     with running_server(tiny_target, tmp_path / "store") as url:
         base = ["prompts", "add", str(bad), "--server", url, "--set", "mixed", "--max-new-tokens", "2"]
         assert main(base) == 1
@@ -80,5 +98,5 @@ def test_a_malformed_row_registers_nothing_unless_skipped(tiny_target: Path, tmp
             assert client.prompts() == [] and client.sets().sets == []
             assert main([*base, "--skip-bad"]) == 0
             out = capsys.readouterr().out
-            assert "row 2: field 'turns' has 2 turns" in out and "1 prompts registered" in out
+            assert "row 2: field 'turns' must be a non-empty list of strings" in out and "1 prompts registered" in out
             assert [s.total for s in client.sets().sets] == [1]

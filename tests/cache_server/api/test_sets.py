@@ -47,6 +47,23 @@ def test_registrations_record_sets_template_and_thinking(tiny_target: Path, tmp_
         assert (page["total"], [p["prompt_id"] for p in page["prompts"]]) == (2, [thinking_on, plain])
         assert "no prompt set 'nope'" in error_message(client.get("/prompts", params={"set": "nope"}), 422,
                                                        "unknown_sets")  # fmt: skip
+        follow_up = [{"role": "user", "content": "Q"}, {"role": "assistant", "response_of": plain},
+                     {"role": "user", "content": "And then?"}]  # fmt: skip
+        [second] = register_ready(client, [{"messages": follow_up}])
+        answer = client.get(f"/prompts/{plain}").json()
+        text = tokenizer.decode(answer["token_ids"][answer["prompt_len"] :], skip_special_tokens=True)
+        filled = [follow_up[0], {"role": "assistant", "content": text}, follow_up[2]]
+        want = tokenizer.apply_chat_template(filled, add_generation_prompt=True, tokenize=True, return_dict=True)
+        state = client.get(f"/prompts/{second}").json()
+        assert state["token_ids"][: state["prompt_len"]] == list(want["input_ids"])
+        refused = [
+            ({"role": "assistant", "response_of": "nope"}, "no such prompt"),
+            ({"role": "user", "response_of": plain}, "fills in an assistant turn"),
+            ({"role": "assistant", "content": "x", "response_of": plain}, "exactly one of"),
+        ]
+        for bad_message, why in refused:
+            body = {"prompts": [{"messages": [follow_up[0], bad_message, follow_up[2]]}]}
+            assert why in error_message(client.post("/prompts", json=body), 422)
         bad = {"prompts": [{"text": "x", "enable_thinking": True}]}
         assert "needs messages" in error_message(client.post("/prompts", json=bad), 422)
         bad = {"prompts": [{"text": "x", "sets": ["has space"]}]}
