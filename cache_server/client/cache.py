@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import http.client
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -150,12 +150,21 @@ class CacheClient:
         """Every prompt set with its prompts counted by status (`GET /sets`)."""
         return SetList.model_validate(self.request("GET", "/sets").json())
 
-    def wait_ready(self, prompt_ids: Sequence[str], *, timeout_s: float = 600.0, poll_s: float = 0.2) -> None:
+    def wait_ready(
+        self,
+        prompt_ids: Sequence[str],
+        *,
+        timeout_s: float = 600.0,
+        poll_s: float = 0.2,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         """Poll until every prompt is ready; PromptFailedError on a failure, TimeoutError past the bound.
+        `progress(ready, total)` is called after every poll (e.g. to drive a progress bar).
 
         A few prompts are polled one by one; many through the paged listing (1000 per request)."""
         deadline = time.monotonic() + timeout_s
         pending = set(prompt_ids)
+        total = len(pending)
         while pending:
             if len(pending) <= _POLL_ONE_BY_ONE:
                 states = [self.prompt(pid) for pid in pending]
@@ -173,6 +182,8 @@ class CacheClient:
                     )
                 if state.status == PromptStatus.ready:
                     pending.discard(state.prompt_id)
+            if progress is not None:
+                progress(total - len(pending), total)
             if pending:
                 if time.monotonic() > deadline:
                     raise TimeoutError(

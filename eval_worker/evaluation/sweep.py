@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from cache_server.client import CacheClient
 from cache_server.torch_utils import TORCH_DTYPES, resolve_device
@@ -33,7 +34,12 @@ def set_members(client: CacheClient, sets: Sequence[str]) -> dict[str, list[str]
 
 
 def select_prompts(
-    client: CacheClient, prompt_ids: Sequence[str] | None, timeout_s: float, sets: Mapping[str, Sequence[str]] = {}
+    client: CacheClient,
+    prompt_ids: Sequence[str] | None,
+    timeout_s: float,
+    sets: Mapping[str, Sequence[str]] = {},
+    *,
+    progress: bool = False,
 ) -> list[str]:
     """The given ids, or every registered prompt (of `sets`, when given) that has not failed; waits until
     they are ready."""
@@ -48,7 +54,8 @@ def select_prompts(
         prompt_ids = [s.prompt_id for s in states if s.status != PromptStatus.failed]
     if not prompt_ids:
         raise ValueError("no prompts to evaluate: register some with POST /prompts first")
-    client.wait_ready(prompt_ids, timeout_s=timeout_s)
+    with tqdm(total=len(prompt_ids), desc="ready", unit="prompt", disable=not progress) as bar:
+        client.wait_ready(prompt_ids, timeout_s=timeout_s, progress=lambda ready, _: bar.update(ready - bar.n))
     return list(prompt_ids)
 
 
@@ -112,7 +119,8 @@ def evaluate_checkpoints(
     if set_members_of is None:
         members = set_members(client, sets)
         set_members_of = [members] * len(loaded)
-    ids = [select_prompts(client, p, settings.timeout_s, m) for p, m in zip(wanted, set_members_of, strict=True)]
+    ids = [select_prompts(client, p, settings.timeout_s, m, progress=progress)
+           for p, m in zip(wanted, set_members_of, strict=True)]  # fmt: skip
     device = resolve_device(settings.device)
     options = EvalOptions(
         tree_budgets=tuple(tree_budgets),

@@ -95,7 +95,10 @@ def test_client_survives_a_server_restart(tiny_target: Path, tmp_path: Path) -> 
 def test_wait_ready_on_many_prompts_reads_the_listing(tiny_target: Path, tmp_path: Path) -> None:
     with running_server(tiny_target, tmp_path / "store") as url, CacheClient(url) as client:
         ids = [p.prompt_id for p in client.register([{"token_ids": [5, 6, n]} for n in range(40)])]
-        client.wait_ready(ids, timeout_s=60)
+        seen: list[tuple[int, int]] = []
+        client.wait_ready(ids, timeout_s=60, progress=lambda ready, total: seen.append((ready, total)))
+        assert seen[-1] == (40, 40) and all(total == 40 for _, total in seen)
+        assert [r for r, _ in seen] == sorted(r for r, _ in seen)  # ready only grows
         states = client.prompts()
         assert len(states) == 40 and {s.status for s in states} == {PromptStatus.ready}
         with pytest.raises(NotFoundError, match="not registered"):
