@@ -122,5 +122,44 @@ def published_table(prompt_len: int = 512, response: int = 2048, taus: tuple[flo
     return "\n".join(lines)
 
 
+LLAMA31_8B = Shape(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336, vocab=128256)
+
+
+def eagle3_flops(t: Shape, draft_vocab: int, total: int, forwards: float, lm_rows: float, mean_context: float) -> float:
+    """An EAGLE-3 drafter (one layer on the target's shape, q/k/v reading 2H) over one sequence: fc and the
+    layer once per token on target features (the causal pass that gives every round's context and first
+    draft), then `forwards` single-position steps and `lm_rows` positions through its lm_head [Vd, H]."""
+    h, qd, kvd = t.hidden, t.heads * t.head_dim, t.kv_heads * t.head_dim
+    layer = 2 * (2 * h) * (qd + 2 * kvd) + 2 * qd * h + 6 * h * t.intermediate
+    pass_ = total * (2 * 3 * h * h + layer) + t.attention(1, total * (total + 1) // 2)
+    steps = forwards * (layer + t.attention(1, int(mean_context)))
+    return pass_ + steps + lm_rows * 2 * h * draft_vocab
+
+
+def eagle3_table(prompt_len: int = 512, response: int = 2048, steps: int = 7, tree: tuple[int, int, int] = (10, 7, 60),
+                 taus: tuple[float, ...] = (3, 5, 7), draft_vocab: int = 32000) -> str:  # fmt: skip
+    """EAGLE-3 on Llama-3.1-8B: the offline walk's chain (drafting stops at the first miss), EAGLE's
+    tree (drafted whole: 1 + depth steps of top_k nodes per round) and the live chain, vs a target forward."""
+    t, total = LLAMA31_8B, prompt_len + response
+    k, depth, _ = tree
+    forward = target_forward(t, total)
+    mean_context = prompt_len + response / 2
+    lines = [
+        f"EAGLE-3 on Llama-3.1-8B (32L H=4096, draft vocab {draft_vocab}), {prompt_len} + {response} tokens, "
+        f"chain of {steps} and tree {k},{depth},{tree[2]}, FLOPs / one target forward:",
+        f"{'tau':>4} {'offline chain':>14} {'+ tree':>8} {'live chain':>11}",
+    ]
+    for tau in taus:
+        rounds = response / tau
+        chain_rows = rounds * min(tau, steps)  # the matched drafts and the miss (the first comes with the pass)
+        chain = eagle3_flops(t, draft_vocab, total, chain_rows - rounds, chain_rows, mean_context)
+        tree_cost = eagle3_flops(t, draft_vocab, 0, rounds * depth * k, rounds * (1 + depth * k), mean_context)
+        live = eagle3_flops(t, draft_vocab, total, rounds * (steps - 1), rounds * steps, mean_context)
+        lines.append(f"{tau:4.0f} {chain / forward:14.3f} {(chain + tree_cost) / forward:8.3f} {live / forward:11.3f}")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print(published_table())
+    print()
+    print(eagle3_table())
