@@ -1,4 +1,4 @@
-"""`eval-worker evaluate | inspect | serve | submit | watch | compare`.
+"""`eval-worker evaluate | inspect | serve | submit | watch | compare | prompts add`.
 
 Settings-backed options are generated from the models in `settings.py` (so each is also an
 EVAL_WORKER_ variable); the rest are this command line's own. Exit codes: `exit_codes.ExitCode`.
