@@ -212,7 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"eval-worker: {e}", file=sys.stderr)
         return ExitCode.usage
     except ModuleNotFoundError as e:  # the light install runs submit, watch and compare only
-        extra = "plot" if e.name == "matplotlib" else "worker"
+        extra = {"matplotlib": "plot", "datasets": "prompts", "tensorboard": "tensorboard"}.get(
+            (e.name or "").split(".")[0], "worker"
+        )
         print(f"eval-worker {args.command} needs {e.name}: pip install 'hidden-state-cache[{extra}]'", file=sys.stderr)
         return ExitCode.usage
 
