@@ -29,6 +29,7 @@ from eval_worker.drafters.model import DFlashDrafter
 from eval_worker.reports.compare import compare_table
 from eval_worker.reports.plot import plot
 from schemas.jobs import JobStatus
+from tests.support.browser import CHROMIUM, headless
 from tests.support.checkpoints import save_torch_checkpoint
 from tests.support.eagle3 import eagle3_config, frequent_d2t, random_eagle3, save_eagle3, train_eagle3
 from tests.support.servers import running_server
@@ -119,14 +120,10 @@ def run_jobs(url: str, runs: Path, workdir: Path) -> None:
 
 def _screenshot(url: str, out: Path) -> None:
     """The leaderboard page as headless Chromium renders it, when Chromium is installed."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
+    if CHROMIUM is None:
         print("(no chromium here: no screenshot of the page)")
         return
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-           "--virtual-time-budget=10000", "--window-size=1280,1100", f"--screenshot={out.resolve()}",
-           url + "/"]  # fmt: skip
-    subprocess.run(cmd, capture_output=True, timeout=120, check=True)
+    headless(url + "/", f"--screenshot={out.resolve()}")
     print(f"page screenshot: {out}")
 
 

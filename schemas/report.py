@@ -80,17 +80,12 @@ class SetSummary(BaseModel):
     prompts_evaluated: int
 
 
-class EvalSummary(BaseModel):
-    """The run's numbers over all prompts."""
+class EvalSummary(SetSummary):
+    """The run's numbers over all prompts (a `SetSummary` of the whole run), and per set."""
 
-    model_config = ConfigDict(extra="forbid")
-    chain: TauSummary
-    trees: dict[int, TauSummary] = Field(default_factory=dict)
-    eagle_trees: dict[str, TauSummary] = Field(default_factory=dict)
     by_set: dict[str, SetSummary] = Field(
         default_factory=dict, description="the same numbers per prompt set, when the prompts were chosen by set"
     )
-    prompts_evaluated: int
     prompts_not_target_greedy: int = Field(
         default=0, description="prompts whose response is not the target's own greedy continuation"
     )

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from eval_worker.checkpoints.eagle3_layouts import Eagle3Layout
 from eval_worker.checkpoints.layer_ids import LayerConvention, ResolvedLayerIds, resolve_eagle3_layer_ids
+from eval_worker.checkpoints.state_checks import check_key_set, check_shapes
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.drafters.eagle3_config import Eagle3Config
 from eval_worker.errors import CheckpointRefused
@@ -85,19 +86,11 @@ def load_eagle3(
         num_target_layers=target.num_layers,
     )
     expected = expected_shapes(cfg, len(layer_ids.ids))
-    optional = {"d2t", "t2d", "embed_tokens.weight"}
-    missing = [k for k in expected if k not in state]
-    unknown = sorted(k for k in state if k not in expected and k not in optional)
-    if missing or unknown:
-        raise CheckpointRefused(
-            f"{layout.layout} EAGLE-3 state dict does not match its config: missing keys {missing}, "
-            f"unknown keys {unknown}"
-        )
-    for name, shape in expected.items():
-        _check_tensor(state, name, shape)
+    check_key_set(state, expected, optional={"d2t", "t2d", "embed_tokens.weight"})
+    check_shapes(state, expected)
     has_embed = "embed_tokens.weight" in state
     if has_embed:
-        _check_tensor(state, "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+        check_shapes(state, {"embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size)})
     elif cfg.hidden_size != cfg.target_hidden_size:
         raise CheckpointRefused(
             f"the checkpoint has no embed_tokens.weight and its hidden size {cfg.hidden_size} differs from the "
@@ -127,14 +120,6 @@ def _check_target(cfg: Eagle3Config, target: ModelInfo) -> None:
         raise CheckpointRefused(
             f"drafter vocab_size {cfg.vocab_size} != target {target.name!r} vocab_size {target.vocab_size}"
         )
-
-
-def _check_tensor(state: Mapping[str, Tensor], name: str, shape: tuple[int, ...]) -> None:
-    got = tuple(state[name].shape)
-    if got != shape:
-        raise CheckpointRefused(f"tensor {name} has shape {list(got)}, the config needs {list(shape)}")
-    if not state[name].is_floating_point():
-        raise CheckpointRefused(f"tensor {name} has dtype {state[name].dtype}, expected a float dtype")
 
 
 def _d2t(state: Mapping[str, Tensor], cfg: Eagle3Config) -> Tensor:

@@ -24,6 +24,7 @@ from torch import Tensor
 from eval_worker.checkpoints.eagle3_layouts import is_eagle3, read_layout
 from eval_worker.checkpoints.eagle3_loading import load_eagle3
 from eval_worker.checkpoints.layer_ids import LayerConvention, LayerIdsSource, ResolvedLayerIds, resolve_layer_ids
+from eval_worker.checkpoints.state_checks import check_key_set, check_shapes
 from eval_worker.drafters.config import DrafterConfig
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.drafters.eagle3_config import Eagle3Config
@@ -142,7 +143,7 @@ def load_checkpoint(
                                 "applies to EAGLE-3 only")  # fmt: skip
     cfg = DrafterConfig.from_hf_dict(raw.config, block_size=block_size_override)
     _check_target_fit(cfg, target)
-    _check_key_set(raw.state, expected_shapes(cfg, 1))
+    check_key_set(raw.state, expected_shapes(cfg, 1))
     layer_ids = resolve_layer_ids(
         checkpoint_ids=cfg.target_layer_ids,
         override=layer_ids_override,
@@ -150,7 +151,7 @@ def load_checkpoint(
         hidden_size=target.hidden_size,
         num_target_layers=target.num_layers,
     )
-    _check_shapes(raw.state, expected_shapes(cfg, len(layer_ids.ids)))
+    check_shapes(raw.state, expected_shapes(cfg, len(layer_ids.ids)))
     drafter = DFlashDrafter(cfg, len(layer_ids.ids))
     try:
         drafter.load_state_dict(raw.state, strict=True)
@@ -267,21 +268,3 @@ def _check_target_fit(cfg: DrafterConfig, target: ModelInfo) -> None:
             f"drafter was built for a {cfg.num_target_layers}-layer target; target {target.name!r} "
             f"has {target.num_layers} layers"
         )
-
-
-def _check_key_set(state: Mapping[str, Tensor], expected: Mapping[str, tuple[int, ...]]) -> None:
-    missing = [k for k in expected if k not in state]
-    unexpected = sorted(k for k in state if k not in expected)
-    if missing or unexpected:
-        raise CheckpointRefused(
-            f"state dict does not match the config: missing keys {missing}, unexpected keys {unexpected}"
-        )
-
-
-def _check_shapes(state: Mapping[str, Tensor], expected: Mapping[str, tuple[int, ...]]) -> None:
-    for name, shape in expected.items():
-        got = tuple(state[name].shape)
-        if got != shape:
-            raise CheckpointRefused(f"tensor {name} has shape {list(got)}, the config needs {list(shape)}")
-        if not state[name].is_floating_point():
-            raise CheckpointRefused(f"tensor {name} has dtype {state[name].dtype}, expected a float dtype")

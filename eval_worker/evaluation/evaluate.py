@@ -257,13 +257,9 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
     eagle3 = run.is_eagle3
     budgets = [] if eagle3 else list(opts.tree_budgets)
     eagle_trees = [t.key for t in opts.eagle_trees] if eagle3 else []
-    overall = summarize_set(results, budgets, eagle_trees)
     summary = EvalSummary(
-        chain=overall.chain,
-        trees=overall.trees,
-        eagle_trees=overall.eagle_trees,
+        **dict(summarize_set(results, budgets, eagle_trees)),
         by_set=by_set(results, run.sets, budgets, eagle_trees),
-        prompts_evaluated=len(results),
         prompts_not_target_greedy=len(not_greedy),
         wall_time_s=time.perf_counter() - run.started,
         cost=cost,

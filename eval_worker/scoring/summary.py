@@ -45,7 +45,8 @@ def by_set(
     eagle_keys: Sequence[str],
 ) -> dict[str, SetSummary]:  # fmt: skip
     """Each set's summary over its prompts that were evaluated (a prompt in two sets counts in both)."""
-    return {
-        name: summarize_set([r for r in results if r.prompt_id in set(ids)], budgets, eagle_keys)
-        for name, ids in members.items()
-    }
+    out = {}
+    for name, ids in members.items():
+        wanted = set(ids)
+        out[name] = summarize_set([r for r in results if r.prompt_id in wanted], budgets, eagle_keys)
+    return out

@@ -20,11 +20,7 @@ _WRITTEN = "written-jobs.json"
 
 def tau_scalars(report: EvalReport) -> dict[str, float]:
     """Tag -> tau of a report: the whole run and each set, chain and every tree (rounds-less ones left out)."""
-    groups: dict[str, SetSummary] = {
-        "": SetSummary(chain=report.summary.chain, trees=report.summary.trees,
-                       eagle_trees=report.summary.eagle_trees, prompts_evaluated=report.summary.prompts_evaluated),
-        **{f"{name}/": s for name, s in report.summary.by_set.items()},
-    }  # fmt: skip
+    groups: dict[str, SetSummary] = {"": report.summary, **{f"{n}/": s for n, s in report.summary.by_set.items()}}
     out: dict[str, float] = {}
     for prefix, s in groups.items():
         kinds = {"chain": s.chain} | {f"ddtree-{b}": t for b, t in s.trees.items()}

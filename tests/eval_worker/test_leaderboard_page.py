@@ -4,8 +4,6 @@ finished jobs on two sets, and the rendered rows carry the reports' numbers, per
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import threading
 from pathlib import Path
 
@@ -16,20 +14,12 @@ from eval_worker.drafters.model import DFlashDrafter
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobStatus
+from tests.support.browser import CHROMIUM, headless
 from tests.support.checkpoints import save_torch_checkpoint
 from tests.support.servers import running_server
 from tests.support.tiny_trainer import Sequences
 
 pytestmark = pytest.mark.slow
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _browser(*args: str) -> str:
-    """Headless Chromium, given time to run the page's fetches; its stdout."""
-    assert CHROMIUM is not None
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-           "--virtual-time-budget=10000", "--window-size=1280,1100", *args]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
 
 
 def _rows(dom: str) -> dict[str, dict[str, str]]:
@@ -67,7 +57,7 @@ def test_the_page_shows_the_reports_in_a_real_browser(
             reports = {f"v1/step_{s}.pt": jobs.report(j.job_id) for s, j in zip((10, 20), submitted, strict=True)}
             model = client.model()
 
-        dom = _browser("--dump-dom", url + "/")
+        dom = headless(url + "/", "--dump-dom")
         assert f'<b id="target-name">{model.name}</b>' in dom and model.fingerprint in dom
         assert re.search(r'<tr class="set-row" data-set="a"><td class="l">a</td><td>4</td><td>4</td>', dom)
         assert dom.count('class="job-row" data-status="done"') == 2
@@ -78,10 +68,10 @@ def test_the_page_shows_the_reports_in_a_real_browser(
             assert shown[checkpoint]["trees:3"] == f"{report.summary.trees[3].mean_tau:.3f}"
         assert '<polyline class="run" data-run="v1"' in dom and '<polyline id="curve"' in dom
 
-        per_set = _rows(_browser("--dump-dom", url + "/?set=b"))
+        per_set = _rows(headless(url + "/?set=b", "--dump-dom"))
         for checkpoint, report in reports.items():
             assert per_set[checkpoint]["chain"] == f"{report.summary.by_set['b'].chain.mean_tau:.3f}"
 
         shot = tmp_path / "leaderboard.png"
-        _browser(f"--screenshot={shot}", url + "/")
+        headless(url + "/", f"--screenshot={shot}")
         assert shot.read_bytes()[:4] == b"\x89PNG" and shot.stat().st_size > 20_000
