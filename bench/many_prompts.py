@@ -33,7 +33,7 @@ def fill(store_dir: Path, model: Path, n: int) -> None:
     fingerprint = target_fingerprint(model, "float32")
     with HiddenStore(store_dir, fingerprint=fingerprint, model_name=model.name, hidden_size=64,
                      dtype=torch.float32) as store:  # fmt: skip
-        registry = Registry(store.namespace / "requests")
+        registry = Registry(store.blobs, f"{store.namespace}/requests")
         layer = torch.zeros(TOKENS, 64)
         for i in range(n):
             ids = tuple(int(x) for x in np.random.default_rng(i).integers(3, 400, TOKENS))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import shutil
 import socket
 import statistics
 import sys
@@ -92,7 +91,7 @@ def fixture_info(hidden: int, dtype: str) -> TargetInfo:
     )
 
 
-def open_store(root: Path, info: TargetInfo, read_threads: int, ram_cache_gb: float = 0.0) -> HiddenStore:
+def open_store(root: Path | str, info: TargetInfo, read_threads: int, ram_cache_gb: float = 0.0) -> HiddenStore:
     return HiddenStore(
         root,
         fingerprint=info.fingerprint,
@@ -104,7 +103,7 @@ def open_store(root: Path, info: TargetInfo, read_threads: int, ram_cache_gb: fl
     )
 
 
-def seed(root: Path, bins: Path, info: TargetInfo, layers: list[int], tokens: int, prompts: int) -> list[str]:
+def seed(root: Path | str, bins: Path, info: TargetInfo, layers: list[int], tokens: int, prompts: int) -> list[str]:
     """Publish `prompts` prompts' layers and register them (so the service serves them without
     computing); also write the first one's raw layer bytes as `<k>.bin` for the plain-file baseline."""
     pids = []
@@ -116,7 +115,7 @@ def seed(root: Path, bins: Path, info: TargetInfo, layers: list[int], tokens: in
             pid = prompt_id_for(ids, None, None)
             data = {k: activation_like(tokens, info.hidden_size, info.dtype, seed=100 * i + k) for k in layers}
             store.write(pid, np.asarray(ids, dtype=np.int64), tokens, data)
-            Registry(store.namespace / "requests").add(
+            Registry(store.blobs, f"{store.namespace}/requests").add(
                 Registration(prompt_id=pid, prompt_ids=ids, response_ids=None, max_new_tokens=None, name="bench")
             )
             pids.append(pid)
@@ -129,9 +128,7 @@ def seed(root: Path, bins: Path, info: TargetInfo, layers: list[int], tokens: in
 # -- the server subprocess ----------------------------------------------------------------------
 
 
-def serve(
-    store: Path, port: int, hidden: int, dtype: str, read_threads: int, ram_cache_gb: float, stream: bool
-) -> None:
+def serve(store: str, port: int, hidden: int, dtype: str, read_threads: int, ram_cache_gb: float, stream: bool) -> None:
     """`--serve`: the real app around the fixture target, plus a route serving a cached body."""
     info = fixture_info(hidden, dtype)
 
@@ -160,7 +157,7 @@ def serve(
 
 
 def bench_server(
-    args: argparse.Namespace, store: Path, log: Path, ram_cache_gb: float = 0.0, stream: bool = True
+    args: argparse.Namespace, store: Path | str, log: Path, ram_cache_gb: float = 0.0, stream: bool = True
 ) -> AbstractContextManager[str]:
     """`python -m bench.serve_hidden --serve ...` on a free loopback port; yields its URL, stopped on exit."""
     port = free_port()
@@ -309,23 +306,17 @@ def run(args: argparse.Namespace) -> None:
         root, bins = Path(tmp) / "store", Path(tmp) / "bins"
         pids = seed(root, bins, info, layers, args.tokens, args.prompts)
         pid = pids[0]
-        # The in-process read and the RAM-cache server use copies: one HiddenStore per namespace at a time.
-        shutil.copytree(root, Path(tmp) / "store-copy")
-        shutil.copytree(root, Path(tmp) / "store-ram")
-        shutil.copytree(root, Path(tmp) / "store-buffer")
-        store = stack.enter_context(open_store(Path(tmp) / "store-copy", info, args.read_threads))
+        store = stack.enter_context(open_store(root, info, args.read_threads))
         m = store.manifest(pid)
         if m is None:
             raise RuntimeError(f"the seeded prompt {pid} is not published")
         nbytes = hidden_body(store, m, layers, 0, m.num_tokens).buffer.nbytes
 
         url = stack.enter_context(bench_server(args, root, Path(tmp) / "server.log"))
-        ram_url = stack.enter_context(bench_server(args, Path(tmp) / "store-ram", Path(tmp) / "ram.log", 2.0))
+        ram_url = stack.enter_context(bench_server(args, root, Path(tmp) / "ram.log", 2.0))
         client = stack.enter_context(CacheClient(url))
         ram_client = stack.enter_context(CacheClient(ram_url))
-        buffer_url = stack.enter_context(
-            bench_server(args, Path(tmp) / "store-buffer", Path(tmp) / "s.log", stream=False)
-        )
+        buffer_url = stack.enter_context(bench_server(args, root, Path(tmp) / "s.log", stream=False))
         buffer_client = stack.enter_context(CacheClient(buffer_url))
         ram_client.hidden(pid, layers)  # decoded once, kept
         plain = stack.enter_context(httpx.Client(base_url=url, timeout=120))
@@ -410,7 +401,7 @@ def main() -> None:
     p.add_argument("--ram-cache-gb", dest="ram_cache_gb", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--no-stream", dest="stream", action="store_false", help=argparse.SUPPRESS)
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--store", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--store", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from schemas.dtypes import DeviceName, DTypeName
 from schemas.layers import layer_list_problem, parse_layer_list
 
+JOBS_FILE = "jobs.sqlite"  # the default coordination database, in a local store
 _CLI = {"cli_kebab_case": True, "cli_hide_none_type": True, "cli_avoid_json": True, "cli_implicit_flags": True}
 
 
@@ -29,7 +30,24 @@ class ServeSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="CACHE_SERVER_", extra="ignore", **_CLI)  # type: ignore[typeddict-item]
     model: Path = Field(description="Hugging Face model directory of the target")
-    store: Path = Field(description="directory of the Zarr hidden-state store")
+    store: str = Field(
+        description="the Zarr hidden-state store: a directory or s3://bucket/prefix (endpoint and credentials "
+        "from the AWS_* environment variables)"
+    )
+    db: str | None = Field(
+        default=None,
+        description="the coordination database shared by every server on the store: postgresql://user:pass@host/db, "
+        "a SQLite path or sqlite:///path (default: jobs.sqlite in a local store; required with an s3:// store)",
+    )
+    instance: str | None = Field(
+        default=None, description="this server's name among those sharing the store (default: <host>-<pid>)"
+    )
+    capture_lease_s: float = Field(
+        default=30.0, gt=0, description="a capture held by a server that stops renewing it is taken over after this"
+    )
+    orphan_grace_s: float = Field(
+        default=900.0, ge=0, description="unpublished store objects older than this are removed on start"
+    )
     host: str = Field(default="127.0.0.1", description="bind address")
     port: int = Field(default=8000, ge=0, le=65535, description="port")
     device: DeviceName = Field(default="auto", description="where the target runs")
@@ -55,6 +73,22 @@ class ServeSettings(BaseSettings):
         default=None, description="bearer token required on writes (prefer CACHE_SERVER_TOKEN: ps shows argv)"
     )
     job_max_attempts: int = Field(default=3, ge=1, le=100, description="claims per job before it fails")
+
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store_location(cls, v: object) -> object:
+        v = str(v) if isinstance(v, Path) else v
+        if isinstance(v, str) and "://" in v and not v.startswith("s3://"):
+            raise ValueError(f"store must be a directory or an s3://bucket/prefix URL, got {v!r}")
+        return v
+
+    def db_location(self) -> str:
+        """The coordination database: `--db`, or SQLite next to a local store."""
+        if self.db is not None:
+            return self.db
+        if self.store.startswith("s3://"):
+            raise ValueError("--db is required with an s3:// store (a database cannot live in a bucket)")
+        return str(Path(self.store) / JOBS_FILE)
 
     @field_validator("checkpoint_root")
     @classmethod

@@ -23,3 +23,6 @@ class ModelInfo(BaseModel):
     chat_template_sha256: str | None = Field(
         default=None, description="sha256 of the tokenizer's chat template; None: it has none (prompts go as text)"
     )
+    instance: str | None = Field(
+        default=None, description="the server instance that answered (several may serve one store)"
+    )

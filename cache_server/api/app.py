@@ -15,12 +15,12 @@ from cache_server.api.routes import router
 from cache_server.capture.target import Target
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.service import HiddenStateService
+from cache_server.coordination.database import Database
 from cache_server.jobs.queue import JobStore
 from cache_server.settings import ServeSettings
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.ram_cache import RamCache
 
-JOBS_FILE = "jobs.sqlite"
 DESCRIPTION = (
     "Runs a target LLM once per prompt, stores every decoder layer's output, and serves any layer set "
     "concatenated per token. Layer id k is the output of decoder layer k, counting from 0. Errors are "
@@ -44,12 +44,16 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
         dtype=target.info.dtype,
         read_threads=settings.read_threads,
         ram_cache=ram,
+        orphan_grace_s=settings.orphan_grace_s,
     )
     return HiddenStateService(
         target,
         store,
         capture_layers=settings.capture_layer_ids(target.info.num_layers),
         metrics=metrics,
+        db=Database(settings.db_location()),
+        instance=settings.instance,
+        capture_lease_s=settings.capture_lease_s,
         batch_tokens=settings.batch_tokens,
         wait_s=settings.wait_s,
         stream_hidden=settings.stream_hidden,
@@ -65,9 +69,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service = build(settings)
         try:
-            app.state.jobs = JobStore(settings.store / JOBS_FILE, max_attempts=settings.job_max_attempts)
+            app.state.jobs = JobStore(service.db, max_attempts=settings.job_max_attempts)
         except BaseException:
-            service.close()  # it holds the namespace lock and a writer pool
+            service.close()  # it holds read and write pools
             raise
         service.start()
         app.state.service = service

@@ -73,7 +73,7 @@ def claim(body: ClaimRequest, jobs: JobsDep, service: ServiceDep) -> Claim | Res
     if leased is None:
         return Response(status_code=204)
     job = leased.job
-    ids = job.prompts if isinstance(job.prompts, list) else service.evaluable_prompt_ids(job.sets)
+    ids = job.prompts if isinstance(job.prompts, list) else service.prompts.evaluable_prompt_ids(job.sets)
     members = {name: service.sets.members(name) or [] for name in job.sets}
     return Claim(job=job, lease=leased.lease, prompt_ids=ids, set_members=members)
 

@@ -62,19 +62,19 @@ def list_prompts(
     set: Annotated[str | None, Query(description="only the prompts of this set")] = None,
 ) -> PromptPage:
     """One page of the registered prompts (without token ids), optionally of one status and one set."""
-    return service.page(offset, limit, status, set)
+    return service.prompts.page(offset, limit, status, set)
 
 
 @router.get("/sets", responses=error_responses())
 def list_sets(service: ServiceDep) -> SetList:
     """Every prompt set, with its prompts counted by status."""
-    return service.set_counts()
+    return service.prompts.set_counts()
 
 
 @router.get("/prompts/{prompt_id}", responses=error_responses(E.prompt_not_found))
 def prompt_state(prompt_id: str, service: ServiceDep) -> PromptState:
     """One prompt's status, token ids, stored layers and greedy check."""
-    return service.state(prompt_id)
+    return service.prompts.state(prompt_id)
 
 
 @router.get(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -39,6 +39,10 @@ class Metrics:
     def watch_ram_cache(self, cache: RamCache) -> None:
         """Report the RAM cache's size and hits with every scrape."""
         self.registry.register(_RamCacheCollector(cache))
+
+    def name_instance(self, instance: str) -> None:
+        """`cache_server_instance_info{instance="..."} 1`: which of the servers on a store this is."""
+        Info("cache_server_instance", "The server instance.", registry=self.registry).info({"instance": instance})
 
     def watch_pending(self, count: Callable[[], int]) -> None:
         """Report the prompts still waiting for the target with every scrape."""

@@ -1,18 +1,21 @@
-"""Registered prompts: content-addressed ids, persisted so that pending work survives a restart.
+"""Registered prompts: content-addressed ids, kept in the coordination database so that every server on
+a store sees every registration and pending work survives restarts.
 
-A registration is one small JSON file per prompt under `<namespace>/requests/`, written aside
-and renamed, so a crash never leaves a half-written one.
+Each server keeps a copy of the registrations (they never change: an id is its content) and catches up
+with those added elsewhere by reading only the rows after the last one it saw.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy import func, select
+
+from cache_server.coordination.database import Database
+from cache_server.coordination.tables import REGISTRATIONS
 
 
 class Registration(BaseModel):
@@ -42,36 +45,52 @@ def prompt_id_for(prompt_ids: tuple[int, ...], response_ids: tuple[int, ...] | N
 
 
 class Registry:
-    """Thread-safe map of prompt id -> registration, mirrored on disk."""
+    """Thread-safe map of prompt id -> registration for one namespace, in registration order."""
 
-    def __init__(self, directory: Path) -> None:
-        self._dir = directory
-        self._dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, db: Database, namespace: str) -> None:
+        self._db, self._ns = db, namespace
         self._lock = threading.Lock()
         self._items: dict[str, Registration] = {}
-        for path in sorted(self._dir.glob("*.json")):
-            reg = Registration.model_validate_json(path.read_text())
-            self._items[reg.prompt_id] = reg
-        for leftover in self._dir.glob("*.tmp"):
-            leftover.unlink(missing_ok=True)
+        self._seen = 0  # the last seq copied
 
     def add(self, reg: Registration) -> bool:
         """Persist a registration; False if the id was already registered (a no-op)."""
-        with self._lock:
-            if reg.prompt_id in self._items:
+        table = REGISTRATIONS
+        with self._db.transaction() as c:
+            mine = table.c.namespace == self._ns
+            if c.execute(select(table.c.seq).where(mine, table.c.prompt_id == reg.prompt_id)).first() is not None:
                 return False
-            tmp = self._dir / f"{reg.prompt_id}.tmp"
-            tmp.write_text(reg.model_dump_json())
-            os.replace(tmp, self._dir / f"{reg.prompt_id}.json")
-            self._items[reg.prompt_id] = reg
-            return True
+            seq = c.execute(select(func.coalesce(func.max(table.c.seq), 0) + 1).where(mine)).scalar_one()
+            c.execute(table.insert().values(namespace=self._ns, prompt_id=reg.prompt_id, seq=seq,
+                                            body=reg.model_dump_json()))  # fmt: skip
+        return True
 
     def get(self, prompt_id: str) -> Registration | None:
         """The registration of `prompt_id`, or None."""
         with self._lock:
-            return self._items.get(prompt_id)
+            found = self._items.get(prompt_id)
+        if found is None:
+            self._catch_up()
+            with self._lock:
+                found = self._items.get(prompt_id)
+        return found
 
     def all(self) -> list[Registration]:
-        """Every registration, in no particular order."""
+        """Every registration, in registration order."""
+        self._catch_up()
         with self._lock:
             return list(self._items.values())
+
+    def _catch_up(self) -> None:
+        with self._lock:
+            table = REGISTRATIONS
+            with self._db.transaction() as c:
+                rows = c.execute(
+                    select(table.c.seq, table.c.body)
+                    .where(table.c.namespace == self._ns, table.c.seq > self._seen)
+                    .order_by(table.c.seq)
+                ).all()
+            for row in rows:
+                reg = Registration.model_validate_json(row.body)
+                self._items[reg.prompt_id] = reg
+                self._seen = row.seq

@@ -1,39 +1,40 @@
-"""The single-flight scheduler: one compute thread owns the target and runs queued prompts in
-batches up to a token budget; a small writer pool publishes the results to the store.
+"""The scheduler: one compute thread owns the target and runs captures in batches up to a token
+budget; a small writer pool publishes the results to the store.
 
-Every (prompt, missing layers) computation is single-flight: concurrent requests for it share one
-future, and `cache_server_prompts_computed_total` counts each run. Failures are kept per prompt.
+Capture work lives in the coordination database (`CaptureQueue`), shared by every server on the store:
+this server claims it under a lease (renewed while it computes), so each (prompt, missing layers)
+is computed once across all servers, and a dead server's work is taken over when its lease expires.
+`cache_server_prompts_computed_total` counts this server's runs. Waiters on this server are woken
+when it finishes a prompt (`finished`); work finished elsewhere is seen by polling the store.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from cache_server.capture.target import Captured, Target
 from cache_server.compute.metrics import Metrics
-from cache_server.compute.registry import Registration
+from cache_server.compute.registry import Registration, Registry
+from cache_server.coordination.captures import CaptureQueue
 from cache_server.errors import PromptFailed
 from cache_server.store.hidden_store import HiddenStore
-from cache_server.store.manifest import PromptManifest
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class ComputeTask:
-    """One prompt to run through the target, for `layers`; its future resolves to the new manifest."""
+    """One claimed prompt to run through the target, for `layers`."""
 
     reg: Registration
     layers: set[int]
-    future: Future[PromptManifest] = field(default_factory=Future)
 
     @property
     def token_estimate(self) -> int:
@@ -43,102 +44,120 @@ class ComputeTask:
 
 
 class Scheduler:
-    """Queues compute tasks, batches them on one thread, and publishes each result once."""
+    """Claims capture work, batches it on one thread, and publishes each result once."""
 
     def __init__(
         self,
         target: Target,
         store: HiddenStore,
         metrics: Metrics,
+        captures: CaptureQueue,
+        registry: Registry,
         *,
         capture_layers: Sequence[int],
         batch_tokens: int,
+        poll_s: float = 0.2,
     ) -> None:
         self.target = target
         self.store = store
         self.metrics = metrics
+        self.captures = captures
+        self.registry = registry
         self.capture_layers = sorted(capture_layers)
         self._batch_tokens = batch_tokens
+        self._poll_s = poll_s
         self._lock = threading.Lock()
-        self._inflight: dict[str, ComputeTask] = {}
-        self._failed: dict[str, str] = {}
-        self._queue: queue.Queue[ComputeTask | None] = queue.Queue()
+        self._held: set[str] = set()  # claimed by this server, not yet finished
+        self._finished: dict[str, Future[None]] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-writer")
         self._thread = threading.Thread(target=self._compute_loop, name="target-compute", daemon=True)
-        self._stopping = threading.Event()
+        self._renewer = threading.Thread(target=self._renew_loop, name="capture-leases", daemon=True)
         self._progress = _Progress()
 
     def start(self) -> None:
-        """Start the compute thread."""
+        """Start computing and renewing leases."""
         self._thread.start()
+        self._renewer.start()
 
     def close(self) -> None:
-        """Finish the batch in hand and stop; queued tasks are dropped (their prompts stay registered)."""
+        """Finish the batch in hand, publish it and stop; work not started goes back to the queue."""
         self._stopping.set()
-        self._queue.put(None)  # wakes the compute thread if it waits for work
-        if self._thread.is_alive():
-            self._thread.join()
+        self._wake.set()
+        for thread in (self._thread, self._renewer):
+            if thread.is_alive():
+                thread.join()
         self._writers.shutdown(wait=True)
+        with self._lock:
+            held = list(self._held)
+        self.captures.release(held)
 
-    # -- failures -------------------------------------------------------------------------------
+    # -- requests and failures ------------------------------------------------------------------
+
+    def request(self, reg: Registration, layers: Sequence[int], *, retry_failed: bool = False) -> None:
+        """Make sure some server will compute the `layers` of `reg` that are not stored (for a new
+        prompt, the capture layers too); PromptFailed if the target failed on it."""
+        manifest = self.store.manifest(reg.prompt_id, fresh=True)
+        wanted = set(layers) - set(manifest.layers) if manifest is not None else {*layers, *self.capture_layers}
+        if not wanted:
+            return
+        state = self.captures.request(reg.prompt_id, wanted, retry_failed=retry_failed)
+        if state.status == "failed":
+            raise PromptFailed(f"prompt {reg.prompt_id} failed: {state.error}")
+        self._wake.set()
+
+    def finished(self, prompt_id: str) -> Future[None]:
+        """Resolves when this server next finishes `prompt_id` (published or failed)."""
+        with self._lock:
+            return self._finished.setdefault(prompt_id, Future())
 
     def failure(self, prompt_id: str) -> str | None:
         """Why the target failed on this prompt, or None."""
-        with self._lock:
-            return self._failed.get(prompt_id)
+        state = self.captures.state(prompt_id)
+        return state.error if state is not None and state.status == "failed" else None
 
     def failed_ids(self) -> set[str]:
-        """Every prompt the target failed on since the server started."""
-        with self._lock:
-            return set(self._failed)
-
-    def forget_failure(self, prompt_id: str) -> bool:
-        """Clear a failure so that the prompt can be retried; True if there was one."""
-        with self._lock:
-            return self._failed.pop(prompt_id, None) is not None
-
-    # -- scheduling -----------------------------------------------------------------------------
-
-    def schedule(self, reg: Registration, layers: Sequence[int]) -> ComputeTask:
-        """The in-flight task that will provide `layers`, queuing a new one only if none will."""
-        prompt_id = reg.prompt_id
-        with self._lock:
-            if prompt_id in self._failed:
-                raise PromptFailed(f"prompt {prompt_id} failed: {self._failed[prompt_id]}")
-            task = self._inflight.get(prompt_id)
-            if task is not None:
-                return task  # the caller re-checks the layers once it is done
-            manifest = self.store.manifest(prompt_id)
-            # A new prompt stores the capture set too; a stored one only adds what it lacks.
-            stored = set(manifest.layers) if manifest is not None else set()
-            wanted = set(layers) - stored if manifest is not None else set(layers) | set(self.capture_layers)
-            task = ComputeTask(reg=reg, layers=wanted)
-            if manifest is not None and not wanted:
-                task.future.set_result(manifest)
-                return task
-            self._inflight[prompt_id] = task
-        self._queue.put(task)
-        return task
+        """Every prompt the target failed on (until registered again)."""
+        return {p for p, state in self.captures.states().items() if state.status == "failed"}
 
     # -- compute thread -------------------------------------------------------------------------
 
     def _compute_loop(self) -> None:
-        while True:
-            task = self._queue.get()
-            if task is None or self._stopping.is_set():
-                return
-            batch, tokens = [task], task.token_estimate
-            while tokens < self._batch_tokens:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._queue.put(None)
-                    break
-                batch.append(nxt)
-                tokens += nxt.token_estimate
-            self._run_batch(batch)
+        while not self._stopping.is_set():
+            batch = self._claim_batch()
+            if batch:
+                self._run_batch(batch)
+            else:
+                self._wake.wait(self._poll_s)  # new work here, or some on another server's store
+                self._wake.clear()
+
+    def _claim_batch(self) -> list[ComputeTask]:
+        """Claimed work up to the token budget; what another server already published is closed."""
+        batch: list[ComputeTask] = []
+        tokens = 0
+        while tokens < self._batch_tokens and not self._stopping.is_set():
+            claimed = self.captures.claim()
+            if claimed is None:
+                break
+            pid = claimed.prompt_id
+            with self._lock:
+                self._held.add(pid)
+            try:
+                reg = self.registry.get(pid)
+                if reg is None:
+                    raise LookupError(f"prompt {pid} has capture work but no registration")
+                manifest = self.store.manifest(pid, fresh=True)
+            except Exception as e:
+                self._fail(pid, e)
+                continue
+            wanted = set(claimed.layers) - set(manifest.layers if manifest is not None else ())
+            if manifest is not None and not wanted:  # published by a server that died before saying so
+                self._finish(pid)
+                continue
+            batch.append(ComputeTask(reg, wanted))
+            tokens += batch[-1].token_estimate
+        return batch
 
     def _run_batch(self, batch: list[ComputeTask]) -> None:
         ready = self._sequences(batch)
@@ -150,12 +169,21 @@ class Scheduler:
                 outputs = self.target.capture([seq for _, seq in ready], [t.reg.prompt_len for t, _ in ready], layers)
         except Exception as e:
             for task, _ in ready:
-                self._fail(task, e)
+                self._fail(task.reg.prompt_id, e)
             return
         self.metrics.prompts_computed.inc(len(ready))
-        self._progress.computed(len(ready), waiting=self._queue.qsize())
+        self._progress.computed(len(ready))
         for (task, seq), out in zip(ready, outputs, strict=True):
             self._writers.submit(self._publish, task, seq, out)
+
+    def _renew_loop(self) -> None:
+        while not self._stopping.wait(self.captures.lease_s / 3):
+            with self._lock:
+                held = list(self._held)
+            try:
+                self.captures.renew(held)
+            except Exception as e:  # the database is away: keep trying; the leases may expire meanwhile
+                log.warning("could not renew capture leases: %s", e)
 
     def _sequences(self, batch: list[ComputeTask]) -> list[tuple[ComputeTask, list[int]]]:
         """Prompt + response tokens of each task: already stored, given, or the target's greedy
@@ -173,14 +201,14 @@ class Scheduler:
                 else:
                     to_generate.setdefault(reg.max_new_tokens, []).append(i)
             except Exception as e:
-                self._fail(task, e)
+                self._fail(reg.prompt_id, e)
         for max_new, indices in to_generate.items():
             prompts = [batch[i].reg.prompt_ids for i in indices]
             try:
                 responses = self.target.generate(prompts, max_new)
             except Exception as e:
                 for i in indices:
-                    self._fail(batch[i], e)
+                    self._fail(batch[i].reg.prompt_id, e)
                 continue
             for i, prompt, response in zip(indices, prompts, responses, strict=True):
                 known[i] = list(prompt) + response
@@ -189,7 +217,7 @@ class Scheduler:
     def _publish(self, task: ComputeTask, seq: list[int], out: Captured) -> None:
         layers = {k: out.states[k] for k in task.layers}
         try:
-            manifest = self.store.write(
+            self.store.write(
                 task.reg.prompt_id,
                 np.asarray(seq, dtype=np.int64),
                 task.reg.prompt_len,
@@ -197,21 +225,28 @@ class Scheduler:
                 greedy_mismatches=out.greedy_mismatches,
             )
         except Exception as e:
-            self._fail(task, e)
+            self._fail(task.reg.prompt_id, e)
             return
-        with self._lock:
-            self._inflight.pop(task.reg.prompt_id, None)
-        task.future.set_result(manifest)
+        self._finish(task.reg.prompt_id)
 
-    def _fail(self, task: ComputeTask, error: Exception) -> None:
-        pid = task.reg.prompt_id
-        log.error("prompt %s failed: %s", pid, error, exc_info=error)
+    def _finish(self, prompt_id: str) -> None:
+        if not self.captures.done(prompt_id):
+            log.warning("prompt %s: published, but its capture lease had passed to another server", prompt_id)
+        self._release(prompt_id)
+
+    def _fail(self, prompt_id: str, error: Exception) -> None:
+        log.error("prompt %s failed: %s", prompt_id, error, exc_info=error)
         self.metrics.prompts_failed.inc()
-        message = f"{type(error).__name__}: {error}"
+        self.captures.fail(prompt_id, f"{type(error).__name__}: {error}")
+        self._release(prompt_id)
+
+    def _release(self, prompt_id: str) -> None:
+        """No longer held here; wake this server's waiters."""
         with self._lock:
-            self._inflight.pop(pid, None)
-            self._failed[pid] = message
-        task.future.set_exception(PromptFailed(f"prompt {pid} failed: {message}"))
+            self._held.discard(prompt_id)
+            waiters = self._finished.pop(prompt_id, None)
+        if waiters is not None:
+            waiters.set_result(None)
 
 
 class _Progress:
@@ -222,13 +257,13 @@ class _Progress:
         self._since = self._last = time.monotonic()
         self._count = self._logged = 0
 
-    def computed(self, n: int, *, waiting: int) -> None:
-        """`n` more prompts computed; `waiting` tasks are queued behind them."""
+    def computed(self, n: int) -> None:
+        """`n` more prompts computed."""
         now = time.monotonic()
         if self._count == self._logged and now - self._last > self._every_s:  # idle since the last line
             self._since = now
         self._count += n
-        if now - self._last >= self._every_s or waiting == 0:
+        if now - self._last >= self._every_s or self._logged == 0:
             rate = (self._count - self._logged) / max(now - self._since, 1e-9)
-            log.info("computed %d prompts (%d queued), %.1f prompts/s", self._count, waiting, rate)
+            log.info("computed %d prompts, %.1f prompts/s", self._count, rate)
             self._last, self._since, self._logged = now, now, self._count

@@ -4,42 +4,41 @@ hand out stored layers, computing a missing one at most once (through the `Sched
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 
 from cache_server.capture.target import Target
 from cache_server.compute.bodies import heads_body, hidden_body, hidden_metadata
+from cache_server.compute.instances import default_db_location, default_instance, import_store_registrations
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.pieces_body import PiecesBody, pieces_body
+from cache_server.compute.prompt_states import PromptStates
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.scheduler import Scheduler
 from cache_server.compute.sets import SetRegistry
 from cache_server.compute.streaming import BlockBuffers, HiddenStream, hidden_stream
-from cache_server.errors import InvalidLayers, InvalidPrompt, PromptNotFound, PromptNotReady, UnknownSets
+from cache_server.coordination.captures import CaptureQueue
+from cache_server.coordination.database import Database
+from cache_server.errors import InvalidLayers, InvalidPrompt, PromptNotReady
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
 from cache_server.torch_utils import dtype_name
 from schemas.layers import layer_list_problem, parse_layer_list
 from schemas.model import ModelInfo
-from schemas.prompts import (
-    ChatMessage,
-    GenerateSpec,
-    PromptPage,
-    PromptSpec,
-    PromptState,
-    PromptStatus,
-    RegisteredPrompt,
-    SetCounts,
-    SetList,
-)
+from schemas.prompts import ChatMessage, GenerateSpec, PromptSpec, RegisteredPrompt
 from schemas.safetensors_frame import FramedBody
+
+_POLL_S = 0.2  # how often a waiter looks for work finished on another server
 
 
 class HiddenStateService:
-    """One target, its store and its scheduler: prompts in, stored layer sets out."""
+    """One target, its store and its scheduler: prompts in, stored layer sets out.
+
+    `db` is the coordination database shared with the other servers on the store (default: SQLite
+    next to a local store); the service closes it. `instance` names this server among them."""
 
     def __init__(
         self,
@@ -48,6 +47,9 @@ class HiddenStateService:
         *,
         capture_layers: Sequence[int],
         metrics: Metrics,
+        db: Database | None = None,
+        instance: str | None = None,
+        capture_lease_s: float = 30.0,
         batch_tokens: int = 8192,
         wait_s: float = 30.0,
         stream_hidden: bool = True,
@@ -55,10 +57,16 @@ class HiddenStateService:
         self.target = target
         self.store = store
         self.metrics = metrics
-        self.registry = Registry(store.namespace / "requests")
-        self.sets = SetRegistry(store.namespace / "sets")
-        metrics.watch_pending(self.pending_count)
-        self.scheduler = Scheduler(target, store, metrics, capture_layers=capture_layers, batch_tokens=batch_tokens)
+        self.instance = instance or default_instance()
+        self.db = db if db is not None else Database(default_db_location(store))
+        ns = store.namespace
+        self.registry, self.sets = Registry(self.db, ns), SetRegistry(self.db, ns)
+        captures = CaptureQueue(self.db, ns, self.instance, lease_s=capture_lease_s)
+        self.prompts = PromptStates(store, self.registry, self.sets, captures)
+        metrics.watch_pending(self.prompts.pending_count)
+        metrics.name_instance(self.instance)
+        self.scheduler = Scheduler(target, store, metrics, captures, self.registry, capture_layers=capture_layers,
+                                   batch_tokens=batch_tokens)  # fmt: skip
         self._wait_s = wait_s
         self.stream_hidden = stream_hidden
         # Row blocks of streamed bodies decode here, in order, each over all the store's read threads.
@@ -71,17 +79,21 @@ class HiddenStateService:
         return self.scheduler.capture_layers
 
     def start(self) -> None:
-        """Start computing, first re-queuing whatever was registered but never published."""
-        self.scheduler.start()
+        """Start computing (registrations of a store written before the coordination database are
+        taken over first, and so is whatever was registered but never captured)."""
+        import_store_registrations(self.store, self.registry, self.sets)
+        captures = self.prompts.captures.states()
         for reg in self.registry.all():
-            if self.store.manifest(reg.prompt_id) is None:
-                self.scheduler.schedule(reg, self.capture_layers)
+            if reg.prompt_id not in captures and self.store.manifest(reg.prompt_id) is None:
+                self.scheduler.request(reg, self.capture_layers)
+        self.scheduler.start()
 
     def close(self) -> None:
-        """Finish the batch in hand and stop; queued prompts stay registered and resume on restart."""
+        """Finish the batch in hand and stop; queued prompts stay queued for any server on the store."""
         self.scheduler.close()
         self._stream_pool.shutdown(wait=True)
         self.store.close()
+        self.db.close()
 
     def model_info(self) -> ModelInfo:
         """`GET /model`."""
@@ -96,6 +108,7 @@ class HiddenStateService:
             dtype=dtype_name(info.dtype),
             capture_layers=self.capture_layers,
             chat_template_sha256=self.target.chat_template_sha256,
+            instance=self.instance,
         )
 
     # -- registration ---------------------------------------------------------------------------
@@ -105,10 +118,9 @@ class HiddenStateService:
         regs = [self._registration(spec, generate) for spec in specs]
         out = []
         for reg in regs:
-            retry = self.scheduler.forget_failure(reg.prompt_id)
-            if self.registry.add(reg) or retry:
-                self.scheduler.schedule(reg, self.capture_layers)
-            out.append(RegisteredPrompt(prompt_id=reg.prompt_id, status=self._status(reg.prompt_id)))
+            self.registry.add(reg)
+            self.scheduler.request(reg, self.capture_layers, retry_failed=True)  # nothing if already stored
+            out.append(RegisteredPrompt(prompt_id=reg.prompt_id, status=self.prompts.status(reg.prompt_id)))
         for name in dict.fromkeys(n for spec in specs for n in spec.sets):
             self.sets.add(name, [r.prompt_id for r, spec in zip(regs, specs, strict=True) if name in spec.sets])
         return out
@@ -135,7 +147,7 @@ class HiddenStateService:
         messages = []
         for m in spec.messages:
             if m.response_of is not None:
-                reg, manifest = self.registry.get(m.response_of), self.store.manifest(m.response_of)
+                reg, manifest = self.registry.get(m.response_of), self.store.manifest(m.response_of, fresh=True)
                 if reg is None:
                     raise InvalidPrompt(f"response_of {m.response_of!r}: no such prompt is registered")
                 if manifest is None:
@@ -149,90 +161,6 @@ class HiddenStateService:
     def is_registered(self, prompt_id: str) -> bool:
         """Whether a prompt with this id is registered for the target."""
         return self.registry.get(prompt_id) is not None
-
-    # -- status ---------------------------------------------------------------------------------
-
-    def _status(self, prompt_id: str) -> PromptStatus:
-        if self.store.manifest(prompt_id) is not None:
-            return PromptStatus.ready
-        return PromptStatus.failed if self.scheduler.failure(prompt_id) is not None else PromptStatus.pending
-
-    def state(self, prompt_id: str, *, with_tokens: bool = True) -> PromptState:
-        """A prompt's status; listings leave out token_ids (a store read per prompt)."""
-        reg = self._registered(prompt_id)
-        manifest = self.store.manifest(prompt_id)
-        tokens: list[int] | None = None
-        if manifest is not None:
-            num_tokens: int | None = manifest.num_tokens
-            if with_tokens:
-                tokens = self.store.token_ids(prompt_id).tolist()
-        elif reg.response_ids is not None:
-            num_tokens = reg.prompt_len + len(reg.response_ids)
-            tokens = list(reg.prompt_ids) + list(reg.response_ids) if with_tokens else None
-        else:
-            num_tokens = None  # the response is not generated yet
-        return PromptState(
-            prompt_id=prompt_id,
-            name=reg.name,
-            status=self._status(prompt_id),
-            prompt_len=reg.prompt_len,
-            num_tokens=num_tokens,
-            token_ids=tokens,
-            layers_stored=list(manifest.layers) if manifest else [],
-            sets=self.sets.of(prompt_id),
-            chat_template_sha256=reg.chat_template_sha256,
-            enable_thinking=reg.enable_thinking,
-            greedy_mismatches=manifest.greedy_mismatches if manifest else None,
-            error=self.scheduler.failure(prompt_id),
-        )
-
-    def page(
-        self, offset: int, limit: int, status: PromptStatus | None = None, set_name: str | None = None
-    ) -> PromptPage:
-        """One page of the registered prompts, optionally of one status and of one set."""
-        regs = self.registry.all()
-        if set_name is not None:
-            regs = [r for p in self._set_members(set_name) if (r := self.registry.get(p)) is not None]
-        if status is not None:
-            regs = [r for r in regs if self._status(r.prompt_id) == status]
-        states = [self.state(r.prompt_id, with_tokens=False) for r in regs[offset : offset + limit]]
-        return PromptPage(prompts=states, total=len(regs), offset=offset, limit=limit)
-
-    def evaluable_prompt_ids(self, sets: Sequence[str] = ()) -> list[str]:
-        """What a job's `prompts: "all"` means: every registered prompt (of `sets`, when given) the target
-        has not failed on (as `eval-worker evaluate --all-prompts` / `--set` take them)."""
-        failed = self.scheduler.failed_ids()
-        ids = (
-            list(dict.fromkeys(p for name in sets for p in self._set_members(name)))
-            if sets
-            else [r.prompt_id for r in self.registry.all()]
-        )
-        return [p for p in ids if p not in failed]
-
-    def pending_count(self) -> int:
-        """Registered prompts neither ready nor failed."""
-        return sum(self._status(r.prompt_id) == PromptStatus.pending for r in self.registry.all())
-
-    def set_counts(self) -> SetList:
-        """`GET /sets`: every set with its prompts counted by status."""
-        out = []
-        for name in self.sets.names():
-            statuses = Counter(self._status(p) for p in self._set_members(name))
-            out.append(SetCounts(name=name, total=sum(statuses.values()), pending=statuses[PromptStatus.pending],
-                                 ready=statuses[PromptStatus.ready], failed=statuses[PromptStatus.failed]))  # fmt: skip
-        return SetList(sets=out)
-
-    def _set_members(self, name: str) -> list[str]:
-        members = self.sets.members(name)
-        if members is None:
-            raise UnknownSets(f"no prompt set {name!r}; GET /sets lists them")
-        return members
-
-    def _registered(self, prompt_id: str) -> Registration:
-        reg = self.registry.get(prompt_id)
-        if reg is None:
-            raise PromptNotFound(f"no prompt {prompt_id!r} is registered for target {self.target.info.fingerprint}")
-        return reg
 
     # -- layers ---------------------------------------------------------------------------------
 
@@ -248,22 +176,23 @@ class HiddenStateService:
         return layers
 
     async def ensure(self, prompt_id: str, layers: Sequence[int]) -> PromptManifest:
-        """The published manifest once it holds `layers`, computing them at most once."""
-        reg = self._registered(prompt_id)
+        """The published manifest once it holds `layers`, computed at most once across the servers
+        on the store: woken when this server finishes the prompt, polling for the others."""
+        reg = self.prompts.registered(prompt_id)
         deadline = time.monotonic() + self._wait_s
-        while True:
-            manifest = self.store.manifest(prompt_id)
-            if manifest is not None and set(layers) <= set(manifest.layers):
-                return manifest
-            task = self.scheduler.schedule(reg, layers)
+        manifest = self.store.manifest(prompt_id)
+        while manifest is None or not set(layers) <= set(manifest.layers):
+            finished = self.scheduler.finished(prompt_id)  # before asking, so that no wake-up is missed
+            await asyncio.to_thread(self.scheduler.request, reg, layers)
             remaining = deadline - time.monotonic()
-            try:
-                # shield: a waiter timing out must not cancel the shared computation.
-                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(task.future)), max(remaining, 0.0))
-            except TimeoutError:
+            if remaining <= 0:
                 raise PromptNotReady(
                     f"prompt {prompt_id} is still being computed after {self._wait_s:.0f} s", retry_after_s=5
-                ) from None
+                )
+            with contextlib.suppress(TimeoutError):  # shield: a waiter timing out must not cancel it
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(finished)), min(remaining, _POLL_S))
+            manifest = await asyncio.to_thread(self.store.manifest, prompt_id, fresh=True)
+        return manifest
 
     def hidden_body(self, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> FramedBody:
         """The `GET /hidden` body of a published prompt in one buffer (blocking: run it off the loop)."""

@@ -1,62 +1,72 @@
 """Prompt sets (gsm8k, humaneval, ...): which registered prompts belong to which named set.
 
 A prompt's id is its content, so the same prompt can join several sets over time; membership is kept
-apart from the (immutable) registrations, one JSON list per set under `<namespace>/sets/`, replaced
-atomically when a registration adds to it.
+apart from the (immutable) registrations, one row per (set, prompt) in the coordination database.
+Each server keeps a copy and catches up with rows added elsewhere, as the registry does.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 from collections.abc import Iterable
-from pathlib import Path
+
+from sqlalchemy import func, select
+
+from cache_server.coordination.database import Database
+from cache_server.coordination.tables import SET_MEMBERS
 
 
 class SetRegistry:
-    """Thread-safe set name -> prompt ids (in the order they joined), mirrored on disk."""
+    """Thread-safe set name -> prompt ids (in the order they joined), for one namespace."""
 
-    def __init__(self, directory: Path) -> None:
-        self._dir = directory
-        self._dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, db: Database, namespace: str) -> None:
+        self._db, self._ns = db, namespace
         self._lock = threading.Lock()
         self._members: dict[str, dict[str, None]] = {}  # insertion-ordered
         self._of: dict[str, list[str]] = {}  # prompt id -> its sets
-        for path in sorted(self._dir.glob("*.json")):
-            for prompt_id in json.loads(path.read_text()):
-                self._join(path.stem, prompt_id)
-        for leftover in self._dir.glob("*.tmp"):
-            leftover.unlink(missing_ok=True)
+        self._seen = 0
 
     def add(self, name: str, prompt_ids: Iterable[str]) -> None:
         """Add prompts to a set (created on first use); prompts already in it stay where they are."""
-        with self._lock:
-            new = [p for p in prompt_ids if p not in self._members.get(name, {})]
-            if not new:
-                return
-            for prompt_id in new:
-                self._join(name, prompt_id)
-            tmp = self._dir / f"{name}.tmp"
-            tmp.write_text(json.dumps(list(self._members[name])))
-            os.replace(tmp, self._dir / f"{name}.json")
+        table, wanted = SET_MEMBERS, list(dict.fromkeys(prompt_ids))
+        with self._db.transaction() as c:
+            mine = table.c.namespace == self._ns
+            there = set(c.scalars(select(table.c.prompt_id).where(mine, table.c.set_name == name)))
+            seq = c.execute(select(func.coalesce(func.max(table.c.seq), 0)).where(mine)).scalar_one()
+            new = [p for p in wanted if p not in there]
+            if new:
+                c.execute(table.insert(), [{"namespace": self._ns, "set_name": name, "prompt_id": p,
+                                            "seq": seq + i} for i, p in enumerate(new, 1)])  # fmt: skip
 
     def names(self) -> list[str]:
         """Every set, by name."""
+        self._catch_up()
         with self._lock:
             return sorted(self._members)
 
     def members(self, name: str) -> list[str] | None:
         """A set's prompt ids in the order they joined, or None if there is no such set."""
+        self._catch_up()
         with self._lock:
             found = self._members.get(name)
             return None if found is None else list(found)
 
     def of(self, prompt_id: str) -> list[str]:
         """The sets a prompt belongs to."""
+        self._catch_up()
         with self._lock:
             return sorted(self._of.get(prompt_id, []))
 
-    def _join(self, name: str, prompt_id: str) -> None:
-        self._members.setdefault(name, {})[prompt_id] = None
-        self._of.setdefault(prompt_id, []).append(name)
+    def _catch_up(self) -> None:
+        with self._lock:
+            table = SET_MEMBERS
+            with self._db.transaction() as c:
+                rows = c.execute(
+                    select(table.c.seq, table.c.set_name, table.c.prompt_id)
+                    .where(table.c.namespace == self._ns, table.c.seq > self._seen)
+                    .order_by(table.c.seq)
+                ).all()
+            for row in rows:
+                self._members.setdefault(row.set_name, {})[row.prompt_id] = None
+                self._of.setdefault(row.prompt_id, []).append(row.set_name)
+                self._seen = row.seq

@@ -1,26 +1,30 @@
-"""Checkpoint evaluation jobs in SQLite (`<store>/jobs.sqlite`): submit, claim under a lease, finish.
+"""Checkpoint evaluation jobs in the coordination database: submit, claim under a lease, finish.
 
-Every state change runs in one `BEGIN IMMEDIATE` transaction, so two claimers never get the same job
-and a job stores exactly one report: a worker whose lease was taken over cannot complete it. Each
-thread has its own connection; the file (WAL) may be shared by several stores and processes.
+Every state change runs in one serialized transaction (`Database.transaction`), so two claimers never
+get the same job and a job stores exactly one report: a worker whose lease was taken over cannot
+complete it. Any number of servers may share the database (SQLite on one node, Postgres on many).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from sqlalchemy import Connection, Text, and_, cast, func, literal, or_, select
+
+from cache_server.coordination.database import Database
 from cache_server.errors import JobFailed, JobNotFound, JobRunning, LeaseLost, ReportNotReady
-from cache_server.jobs.rows import MIGRATIONS, SCHEMA, SCHEMA_VERSION, STATE_COLUMNS, job_state
+from cache_server.jobs.rows import JOBS, MIGRATIONS, SCHEMA_VERSION, STATE_COLUMNS, job_state
 from schemas.jobs import JobPage, JobState, JobStatus, JobSubmit
+
+Row = Mapping[Any, Any]
 
 
 @dataclass(frozen=True)
@@ -32,64 +36,44 @@ class Leased:
 
 
 class JobStore:
-    """The job table; `now` is the clock (seconds since the epoch), injectable for lease tests."""
+    """The job table; `now` is the clock (seconds since the epoch), injectable for lease tests.
 
-    def __init__(self, path: Path, *, max_attempts: int = 3, now: Callable[[], float] = time.time) -> None:
+    `db` is an open `Database` (shared, not closed here) or a location to open one at."""
+
+    def __init__(
+        self, db: Database | Path | str, *, max_attempts: int = 3, now: Callable[[], float] = time.time
+    ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
-        self.path = path
+        self._owned = not isinstance(db, Database)
+        self.db = Database(str(db)) if not isinstance(db, Database) else db
         self.max_attempts = max_attempts
         self._now = now
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._all_lock = threading.Lock()
-        self._write_lock = threading.Lock()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        conn = self._conn()
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, *MIGRATIONS, SCHEMA_VERSION):
-            raise RuntimeError(f"{path} has job schema version {version}; this server knows {SCHEMA_VERSION}")
-        with conn:  # one transaction: a database is migrated whole or not at all
+        if self.db.dialect == "sqlite":
+            self._migrate_sqlite()
+
+    def _migrate_sqlite(self) -> None:
+        """Bring a job database written by an older server to SCHEMA_VERSION, in one transaction."""
+        with self.db.transaction() as c:
+            version = c.exec_driver_sql("PRAGMA user_version").scalar_one()
+            if version not in (0, *MIGRATIONS, SCHEMA_VERSION):
+                raise RuntimeError(
+                    f"{self.db.location} has job schema version {version}; this server knows {SCHEMA_VERSION}"
+                )
             for old in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
                 for statement in MIGRATIONS[old]:
-                    conn.execute(statement)
-        conn.executescript(SCHEMA)  # idempotent, so concurrent first opens are harmless
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    # -- connections ----------------------------------------------------------------------------
-
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-            conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")  # a stored report survives a power cut too
-            self._local.conn = conn
-            with self._all_lock:
-                self._all.append(conn)
-        return conn
+                    c.exec_driver_sql(statement)
+            c.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction: the write lock is held from the first read to the commit."""
-        conn = self._conn()
-        with self._write_lock:  # threads of one process queue here instead of in SQLite's busy sleeps
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+    def _write(self) -> Iterator[Connection]:
+        with self.db.transaction() as c:
+            yield c
 
     def close(self) -> None:
-        """Close every thread's connection."""
-        with self._all_lock:
-            for conn in self._all:
-                conn.close()
-            self._all.clear()
-        self._local = threading.local()
+        """Close the database if this store opened it."""
+        if self._owned:
+            self.db.close()
 
     # -- submission and reads -------------------------------------------------------------------
 
@@ -97,26 +81,26 @@ class JobStore:
         """Queue a job; `spec.checkpoint` must already be the resolved path the worker will open."""
         job_id = uuid.uuid4().hex
         with self._write() as c:
+            seq = c.execute(select(func.coalesce(func.max(JOBS.c.seq), 0) + 1)).scalar_one()
             c.execute(
-                "INSERT INTO jobs (job_id, status, checkpoint, checkpoint_relative, prompts, tree_budgets, "
-                "target_layer_ids, block_size, steps, eagle_trees, layer_convention, sets, target_fingerprint, "
-                "max_attempts, created_at) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    job_id,
-                    spec.checkpoint,
-                    checkpoint_relative,
-                    json.dumps(spec.prompts),
-                    json.dumps(spec.tree_budgets),
-                    json.dumps(spec.target_layer_ids) if spec.target_layer_ids is not None else None,
-                    spec.block_size,
-                    spec.steps,
-                    json.dumps(spec.eagle_trees),
-                    spec.layer_convention,
-                    json.dumps(spec.sets),
-                    target_fingerprint,
-                    self.max_attempts,
-                    self._now(),
-                ),
+                JOBS.insert().values(
+                    job_id=job_id,
+                    seq=seq,
+                    status="queued",
+                    checkpoint=spec.checkpoint,
+                    checkpoint_relative=checkpoint_relative,
+                    prompts=json.dumps(spec.prompts),
+                    tree_budgets=json.dumps(spec.tree_budgets),
+                    target_layer_ids=json.dumps(spec.target_layer_ids) if spec.target_layer_ids is not None else None,
+                    block_size=spec.block_size,
+                    steps=spec.steps,
+                    eagle_trees=json.dumps(spec.eagle_trees),
+                    layer_convention=spec.layer_convention,
+                    sets=json.dumps(spec.sets),
+                    target_fingerprint=target_fingerprint,
+                    max_attempts=self.max_attempts,
+                    created_at=self._now(),
+                )
             )
             return self._get(c, job_id)
 
@@ -128,39 +112,37 @@ class JobStore:
 
     def page(self, offset: int = 0, limit: int = 100, status: JobStatus | None = None) -> JobPage:
         """Jobs in submission order."""
-        where, args = ("WHERE status = ?", (status.value,)) if status is not None else ("", ())
+        where = JOBS.c.status == status.value if status is not None else literal(True)
         with self._write() as c:
             self._fail_exhausted(c)
-            total = c.execute(f"SELECT COUNT(*) FROM jobs {where}", args).fetchone()[0]
-            rows = c.execute(
-                f"SELECT {STATE_COLUMNS} FROM jobs {where} ORDER BY rowid LIMIT ? OFFSET ?",
-                (*args, limit, offset),
-            ).fetchall()
-        return JobPage(jobs=[job_state(r) for r in rows], total=total, offset=offset, limit=limit)
+            total = c.execute(select(func.count()).select_from(JOBS).where(where)).scalar_one()
+            rows = c.execute(select(*STATE_COLUMNS).where(where).order_by(JOBS.c.seq).limit(limit).offset(offset))
+            jobs = [job_state(r._mapping) for r in rows]
+        return JobPage(jobs=jobs, total=total, offset=offset, limit=limit)
 
     def delete(self, job_id: str) -> None:
         """Remove a job that is not running, with its report (one transaction: no claim slips in)."""
         with self._write() as c:
             self._fail_exhausted(c)
-            if self._row(c, job_id, "status")["status"] == JobStatus.running:
+            if self._row(c, job_id, JOBS.c.status)["status"] == JobStatus.running:
                 raise JobRunning(f"job {job_id} is running; it can be deleted once it is done or failed")
-            c.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+            c.execute(JOBS.delete().where(JOBS.c.job_id == job_id))
 
     def done_reports(self, offset: int = 0, limit: int = 100) -> tuple[list[tuple[JobState, str]], int]:
         """Done jobs in submission order with their EvalReport JSON, and how many are done in all."""
+        done = JOBS.c.status == "done"
         with self._write() as c:
-            total = c.execute("SELECT COUNT(*) FROM jobs WHERE status = 'done'").fetchone()[0]
+            total = c.execute(select(func.count()).select_from(JOBS).where(done)).scalar_one()
             rows = c.execute(
-                f"SELECT {STATE_COLUMNS}, report FROM jobs WHERE status = 'done' ORDER BY rowid LIMIT ? OFFSET ?",
-                (limit, offset),
-            ).fetchall()
-        return [(job_state(r), str(r["report"])) for r in rows], total
+                select(*STATE_COLUMNS, JOBS.c.report).where(done).order_by(JOBS.c.seq).limit(limit).offset(offset)
+            )
+            return [(job_state(r._mapping), str(r.report)) for r in rows], total
 
     def report(self, job_id: str) -> str:
         """The stored EvalReport JSON of a done job."""
         with self._write() as c:
             self._fail_exhausted(c)
-            row = self._row(c, job_id, "status, attempts, max_attempts, error, report")
+            row = self._row(c, job_id, JOBS.c.status, JOBS.c.attempts, JOBS.c.max_attempts, JOBS.c.error, JOBS.c.report)
         if row["status"] == JobStatus.done:
             return str(row["report"])
         if row["status"] == JobStatus.failed:
@@ -177,25 +159,26 @@ class JobStore:
         now = self._now()
         with self._write() as c:
             self._fail_exhausted(c)
+            claimable = or_(JOBS.c.status == "queued", and_(JOBS.c.status == "running", JOBS.c.lease_expires_at <= now))
             row = c.execute(
-                "SELECT job_id, status, worker, attempts, max_attempts FROM jobs "
-                "WHERE status = 'queued' OR (status = 'running' AND lease_expires_at <= ?) "
-                "ORDER BY rowid LIMIT 1",
-                (now,),
-            ).fetchone()
+                select(JOBS.c.job_id, JOBS.c.status, JOBS.c.worker, JOBS.c.attempts)
+                .where(claimable)
+                .order_by(JOBS.c.seq)
+                .limit(1)
+            ).first()
             if row is None:
                 return None
             error: str | None = None
-            if row["status"] == JobStatus.running:
-                error = f"lease expired on worker {row['worker']} (attempt {row['attempts']})"
+            if row.status == JobStatus.running:
+                error = f"lease expired on worker {row.worker} (attempt {row.attempts})"
             lease = secrets.token_urlsafe(18)
             c.execute(
-                "UPDATE jobs SET status = 'running', attempts = attempts + 1, worker = ?, lease = ?, "
-                "lease_s = ?, started_at = ?, lease_expires_at = ?, error = COALESCE(?, error) "
-                "WHERE job_id = ?",
-                (worker, lease, lease_s, now, now + lease_s, error, row["job_id"]),
-            )
-            return Leased(self._get(c, row["job_id"]), lease)
+                JOBS.update()
+                .where(JOBS.c.job_id == row.job_id)
+                .values(status="running", attempts=JOBS.c.attempts + 1, worker=worker, lease=lease, lease_s=lease_s,
+                        started_at=now, lease_expires_at=now + lease_s, error=func.coalesce(error, JOBS.c.error))
+            )  # fmt: skip
+            return Leased(self._get(c, row.job_id), lease)
 
     def renew(self, job_id: str, lease: str, lease_s: float | None = None) -> JobState:
         """Extend a held lease by `lease_s` (default: the claim's) from now."""
@@ -205,8 +188,7 @@ class JobStore:
             held = self._held(c, job_id, lease)
             seconds = lease_s if lease_s is not None else float(held["lease_s"])
             c.execute(
-                "UPDATE jobs SET lease_expires_at = ?, lease_s = ? WHERE job_id = ?",
-                (now + seconds, seconds, job_id),
+                JOBS.update().where(JOBS.c.job_id == job_id).values(lease_expires_at=now + seconds, lease_s=seconds)
             )
             return self._get(c, job_id)
 
@@ -216,10 +198,11 @@ class JobStore:
             self._fail_exhausted(c)
             self._held(c, job_id, lease)
             c.execute(
-                "UPDATE jobs SET status = 'done', report = ?, finished_at = ?, lease = NULL, "
-                "lease_expires_at = NULL, error = NULL WHERE job_id = ?",
-                (report_json, self._now(), job_id),
-            )
+                JOBS.update()
+                .where(JOBS.c.job_id == job_id)
+                .values(status="done", report=report_json, finished_at=self._now(), lease=None,
+                        lease_expires_at=None, error=None)
+            )  # fmt: skip
             return self._get(c, job_id)
 
     def fail(self, job_id: str, lease: str, error: str, *, retryable: bool) -> JobState:
@@ -230,44 +213,48 @@ class JobStore:
             attempts, most = held["attempts"], held["max_attempts"]
             if retryable and attempts < most:
                 c.execute(
-                    "UPDATE jobs SET status = 'queued', lease = NULL, lease_expires_at = NULL, error = ? "
-                    "WHERE job_id = ?",
-                    (error, job_id),
+                    JOBS.update()
+                    .where(JOBS.c.job_id == job_id)
+                    .values(status="queued", lease=None, lease_expires_at=None, error=error)
                 )
             else:
                 if retryable:
                     error = f"{error} (gave up after {attempts} attempts)"
                 c.execute(
-                    "UPDATE jobs SET status = 'failed', finished_at = ?, lease = NULL, "
-                    "lease_expires_at = NULL, error = ? WHERE job_id = ?",
-                    (self._now(), error, job_id),
+                    JOBS.update()
+                    .where(JOBS.c.job_id == job_id)
+                    .values(status="failed", finished_at=self._now(), lease=None, lease_expires_at=None, error=error)
                 )
             return self._get(c, job_id)
 
     # -- helpers (inside a transaction) ---------------------------------------------------------
 
-    def _fail_exhausted(self, c: sqlite3.Connection) -> None:
+    def _fail_exhausted(self, c: Connection) -> None:
         """A running job whose lease expired on its last attempt has failed."""
         now = self._now()
+        worker = func.coalesce(JOBS.c.worker, "?")
+        error = (
+            literal("lease expired on worker ", Text) + worker + " after " + cast(JOBS.c.attempts, Text) + " attempts"
+        )
         c.execute(
-            "UPDATE jobs SET status = 'failed', finished_at = ?, lease = NULL, lease_expires_at = NULL, "
-            "error = 'lease expired on worker ' || COALESCE(worker, '?') || ' after ' || attempts || "
-            "' attempts' WHERE status = 'running' AND lease_expires_at <= ? AND attempts >= max_attempts",
-            (now, now),
+            JOBS.update()
+            .where(JOBS.c.status == "running", JOBS.c.lease_expires_at <= now, JOBS.c.attempts >= JOBS.c.max_attempts)
+            .values(status="failed", finished_at=now, lease=None, lease_expires_at=None, error=error)
         )
 
-    def _row(self, c: sqlite3.Connection, job_id: str, columns: str) -> sqlite3.Row:
-        row: sqlite3.Row | None = c.execute(f"SELECT {columns} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+    def _row(self, c: Connection, job_id: str, *columns: Any) -> Row:
+        row = c.execute(select(*columns).where(JOBS.c.job_id == job_id)).first()
         if row is None:
             raise JobNotFound(f"no job {job_id!r}")
-        return row
+        return row._mapping
 
-    def _get(self, c: sqlite3.Connection, job_id: str) -> JobState:
-        return job_state(self._row(c, job_id, STATE_COLUMNS))
+    def _get(self, c: Connection, job_id: str) -> JobState:
+        return job_state(self._row(c, job_id, *STATE_COLUMNS))
 
-    def _held(self, c: sqlite3.Connection, job_id: str, lease: str) -> sqlite3.Row:
+    def _held(self, c: Connection, job_id: str, lease: str) -> Row:
         """The job's row if `lease` is its current lease (expired but not yet taken over counts)."""
-        row = self._row(c, job_id, "status, lease, lease_s, worker, attempts, max_attempts")
+        cols = ("status", "lease", "lease_s", "worker", "attempts", "max_attempts")
+        row = self._row(c, job_id, *(JOBS.c[n] for n in cols))
         if row["status"] == JobStatus.running and row["lease"] is not None:
             if secrets.compare_digest(str(row["lease"]).encode(), lease.encode()):
                 return row

@@ -1,15 +1,20 @@
-"""The job table on disk: its SQL schema, and a row read back as the wire's `JobState`."""
+"""The job table: its schema, and a row read back as the wire's `JobState`."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
+from sqlalchemy import CheckConstraint, Column, Float, Index, Integer, Table, Text
+
+from cache_server.coordination.database import METADATA
 from schemas.jobs import JobState, JobStatus
 
-SCHEMA_VERSION = 3
-# What each older version lacks, in order: applied to a job database written by an older server.
+# SQLite job databases carry `PRAGMA user_version`; what each older version lacks, in order, is
+# added when a server opens one. (Postgres databases start at the current version.)
+SCHEMA_VERSION = 4
 MIGRATIONS = {
     1: (
         "ALTER TABLE jobs ADD COLUMN steps INTEGER",
@@ -17,48 +22,50 @@ MIGRATIONS = {
         "ALTER TABLE jobs ADD COLUMN layer_convention TEXT",
     ),
     2: ("ALTER TABLE jobs ADD COLUMN sets TEXT NOT NULL DEFAULT '[]'",),
+    3: ("ALTER TABLE jobs ADD COLUMN seq INTEGER", "UPDATE jobs SET seq = rowid"),  # submission order
 }
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    job_id TEXT PRIMARY KEY,
-    status TEXT NOT NULL CHECK (status IN ('queued', 'running', 'done', 'failed')),
-    checkpoint TEXT NOT NULL,
-    checkpoint_relative TEXT NOT NULL,
-    prompts TEXT NOT NULL,            -- JSON: "all" or a list of prompt ids
-    tree_budgets TEXT NOT NULL,       -- JSON list
-    target_layer_ids TEXT,            -- JSON list or NULL
-    block_size INTEGER,
-    steps INTEGER,                    -- EAGLE-3 chain length or NULL
-    eagle_trees TEXT NOT NULL DEFAULT '[]',  -- JSON list of "TOPK,DEPTH,TOTAL"
-    layer_convention TEXT,
-    sets TEXT NOT NULL DEFAULT '[]',  -- JSON list of prompt set names
-    target_fingerprint TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    max_attempts INTEGER NOT NULL,
-    worker TEXT,
-    lease TEXT,
-    lease_s REAL,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    lease_expires_at REAL,
-    error TEXT,
-    report TEXT                       -- EvalReport JSON, set once when done
-);
-CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
-"""
-STATE_COLUMNS = (
-    "job_id, status, checkpoint, checkpoint_relative, prompts, tree_budgets, target_layer_ids, block_size, "
-    "steps, eagle_trees, layer_convention, sets, target_fingerprint, attempts, max_attempts, worker, created_at, "
-    "started_at, finished_at, lease_expires_at, error"
+JOBS = Table(
+    "jobs",
+    METADATA,
+    Column("job_id", Text, primary_key=True),
+    Column("seq", Integer),  # submission order: 1 + the largest so far, inside the submitting transaction
+    Column("status", Text, CheckConstraint("status IN ('queued', 'running', 'done', 'failed')"), nullable=False),
+    Column("checkpoint", Text, nullable=False),
+    Column("checkpoint_relative", Text, nullable=False),
+    Column("prompts", Text, nullable=False),  # JSON: "all" or a list of prompt ids
+    Column("tree_budgets", Text, nullable=False),  # JSON list
+    Column("target_layer_ids", Text),  # JSON list or NULL
+    Column("block_size", Integer),
+    Column("steps", Integer),  # EAGLE-3 chain length or NULL
+    Column("eagle_trees", Text, nullable=False, server_default="[]"),  # JSON list of "TOPK,DEPTH,TOTAL"
+    Column("layer_convention", Text),
+    Column("sets", Text, nullable=False, server_default="[]"),  # JSON list of prompt set names
+    Column("target_fingerprint", Text),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("max_attempts", Integer, nullable=False),
+    Column("worker", Text),
+    Column("lease", Text),
+    Column("lease_s", Float),
+    Column("created_at", Float, nullable=False),
+    Column("started_at", Float),
+    Column("finished_at", Float),
+    Column("lease_expires_at", Float),
+    Column("error", Text),
+    Column("report", Text),  # EvalReport JSON, set once when done
+    Index("jobs_by_status", "status"),
 )
+STATE_COLUMNS = [JOBS.c[name] for name in (
+    "job_id", "status", "checkpoint", "checkpoint_relative", "prompts", "tree_budgets", "target_layer_ids",
+    "block_size", "steps", "eagle_trees", "layer_convention", "sets", "target_fingerprint", "attempts",
+    "max_attempts", "worker", "created_at", "started_at", "finished_at", "lease_expires_at", "error",
+)]  # fmt: skip
 
 
 def _time(t: float | None) -> datetime | None:
     return datetime.fromtimestamp(t, UTC) if t is not None else None
 
 
-def job_state(row: sqlite3.Row) -> JobState:
+def job_state(row: Mapping[Any, Any]) -> JobState:
     """A `jobs` row (of STATE_COLUMNS) as the job's state."""
     return JobState(
         job_id=row["job_id"],

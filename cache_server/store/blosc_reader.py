@@ -1,36 +1,42 @@
-"""Stored chunks decoded without zarr: an array exactly as `chunks.write_array` lays it out is read
+"""Stored chunks decoded without zarr: an array exactly as `chunks.array_objects` lays it out is read
 chunk by chunk with one Blosc decode per chunk (or per block range) into the caller's buffer."""
 
 from __future__ import annotations
 
-import os
 import struct
 import threading
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zarr
 from numcodecs import blosc
 from zarr.codecs import BytesCodec
 from zarr.core.chunk_grids import RegularChunkGrid
 from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
 from zarr.core.metadata import ArrayV3Metadata
 
-from cache_server.store.chunks import chunk_file, layer_compressor
+from cache_server.store.blobs import Blobs, Opened
+from cache_server.store.chunks import CRC_ATTRIBUTE, chunk_key, layer_compressor
 
 
 @dataclass(frozen=True)
 class BloscChunks:
-    """A compressed array exactly as `write_array` writes it, which `ChunkReader` decodes without zarr."""
+    """A compressed array exactly as `array_objects` writes it, which `ChunkReader` decodes without zarr."""
 
-    array_dir: Path
+    blobs: Blobs
+    array: str  # the array's key prefix
     chunk_rows: int
     width: int
     dtype: np.dtype[Any]
+    crc32: tuple[int, ...] | None  # of each stored chunk (None: an array written before checksums)
+
+    def check(self, chunk: int, stored: memoryview) -> None:
+        """ValueError unless a whole stored chunk's bytes match their checksum."""
+        if self.crc32 is not None and zlib.crc32(stored) != self.crc32[chunk]:
+            raise ValueError(f"chunk {chunk} does not match its checksum")
 
     @property
     def chunk_nbytes(self) -> int:
@@ -48,13 +54,13 @@ class BloscChunks:
         return found
 
 
-def blosc_chunks(arr: zarr.Array[Any], array_dir: Path) -> BloscChunks | None:
-    """`arr`'s layout if its metadata is exactly `write_array(compress=True)`'s pipeline, else None.
+def blosc_chunks(md: ArrayV3Metadata, blobs: Blobs, array: str) -> BloscChunks | None:
+    """The layout of the array at `array` if its metadata is exactly `array_objects(compress=True)`'s
+    pipeline, else None.
 
     Anything else (token ids, arrays from another writer or an older codec) is read through zarr:
     both paths are exact, this one is only faster.
     """
-    md = arr.metadata
     if not isinstance(md, ArrayV3Metadata) or len(md.shape) != 2 or 0 in md.shape:
         return None
     dtype = md.data_type.to_native_dtype()
@@ -70,7 +76,11 @@ def blosc_chunks(arr: zarr.Array[Any], array_dir: Path) -> BloscChunks | None:
         and md.codecs == (BytesCodec(endian="little"), layer_compressor(dtype.itemsize))
     ):
         return None
-    return BloscChunks(array_dir, grid.chunk_shape[0], md.shape[1], dtype)
+    crc32 = md.attributes.get(CRC_ATTRIBUTE)
+    nchunks = -(-md.shape[0] // grid.chunk_shape[0])
+    if crc32 is not None and (not isinstance(crc32, list) or len(crc32) != nchunks):
+        raise ValueError(f"{array}: {CRC_ATTRIBUTE} has {crc32!r}, the array has {nchunks} chunks")
+    return BloscChunks(blobs, array, grid.chunk_shape[0], md.shape[1], dtype, None if crc32 is None else tuple(crc32))
 
 
 # Blosc 1 header: version, versionlz, flags, typesize (1 byte each), then uint32 LE nbytes, blocksize, cbytes.
@@ -81,17 +91,19 @@ _MEMCPYED = 0x02
 
 
 @contextmanager
-def _checked_chunk(chunks: BloscChunks, chunk: int) -> Iterator[tuple[int, tuple[int, ...]]]:
-    """An open chunk file and its Blosc header, checked against the file's size and the array."""
+def _checked_chunk(chunks: BloscChunks, chunk: int) -> Iterator[tuple[Opened, tuple[int, ...]]]:
+    """An open chunk object and its Blosc header, checked against the object's size and the array."""
     try:
-        fd = os.open(chunk_file(chunks.array_dir, chunk), os.O_RDONLY)
+        fd = chunks.blobs.open(chunk_key(chunks.array, chunk, 2))
     except FileNotFoundError as e:
         raise FileNotFoundError(f"chunk {chunk} is missing") from e
     try:
-        size = os.fstat(fd).st_size
+        size = fd.size
         if size < _BLOSC_HEADER.size:
             raise ValueError(f"chunk {chunk} is truncated to {size} bytes")
-        header = _BLOSC_HEADER.unpack(os.pread(fd, _BLOSC_HEADER.size, 0))
+        head = bytearray(_BLOSC_HEADER.size)
+        fd.read_at(memoryview(head), 0)
+        header = _BLOSC_HEADER.unpack(head)
         decoded, cbytes = header[4], header[6]
         # Blosc trusts the header's cbytes: a truncated file must be caught before it decodes.
         if cbytes != size or decoded != chunks.chunk_nbytes:
@@ -101,21 +113,19 @@ def _checked_chunk(chunks: BloscChunks, chunk: int) -> Iterator[tuple[int, tuple
             )
         yield fd, header
     finally:
-        os.close(fd)
+        fd.close()
 
 
-def _read_at(fd: int, into: memoryview, offset: int, chunk: int) -> None:
-    """Fill `into` with the file's bytes from `offset` (ValueError if the file ends first)."""
-    got = 0
-    while got < len(into):
-        n = os.preadv(fd, [into[got:]], offset + got)
-        if not n:
-            raise ValueError(f"chunk {chunk} is truncated")
-        got += n
+def _read_at(fd: Opened, into: memoryview, offset: int, chunk: int) -> None:
+    """Fill `into` with the object's bytes from `offset` (ValueError if it ends first)."""
+    try:
+        fd.read_at(into, offset)
+    except ValueError as e:
+        raise ValueError(f"chunk {chunk} is truncated: {e}") from e
 
 
 def _blocks_holding(
-    fd: int, header: tuple[int, ...], lo: int, hi: int, into: np.ndarray, chunk: int
+    fd: Opened, header: tuple[int, ...], lo: int, hi: int, into: np.ndarray, chunk: int
 ) -> tuple[memoryview, int]:
     """From an open Blosc 1 chunk file, a chunk written into `into` holding only the blocks that cover
     its decoded bytes [lo, hi) (only those are read from disk), and the offset of byte `lo` in what it
@@ -186,6 +196,7 @@ class ChunkReader:
                 return
             src = memoryview(self._buffer("file", size).data)
             _read_at(fd, src, 0, chunk)
+            chunks.check(chunk, src)
         # zarr sets numcodecs.blosc.use_threads = False on import, so each call decodes with its own
         # context and no global lock: the store's threads decode chunks in parallel.
         whole = lo == 0 and hi == chunks.chunk_rows and out.dtype == chunks.dtype and out.flags.c_contiguous
@@ -208,6 +219,8 @@ class ChunkReader:
                 return "raw", rows, 0
             into = np.empty(header[6], np.uint8)
             src, skip = _blocks_holding(fd, header, lo * row_bytes, hi * row_bytes, into, chunk)
+            if len(src) == header[6]:  # every block: the stored chunk itself
+                chunks.check(chunk, src)
             return "blosc", src, skip
 
     @staticmethod

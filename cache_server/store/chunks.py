@@ -1,4 +1,4 @@
-"""One stored array on disk: the lossless codec, the chunking, durable writes, reads into a buffer.
+"""One stored array: the lossless codec, the chunking, its objects as written, reads through zarr.
 
 Measured by bench/codec_choice.py on a 2-core machine, one LLM-like bf16 layer [2048, 2048]
 (normal activations, per-channel scales, 8 outlier channels), single-threaded as zarr runs it:
@@ -20,16 +20,17 @@ against ~31%: on a cache sized in terabytes the disk, not the 2.2 GB/s decode, i
 
 from __future__ import annotations
 
-import os
-import uuid
-from pathlib import Path
+import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import zarr
+from numcodecs import Blosc
 from zarr.codecs import BloscCodec
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
-from zarr.storage import LocalStore
+from zarr.storage import MemoryStore
 
 # What zarr stores for each dtype name: the same width, a dtype zarr 3.1 knows (it has no bfloat16,
 # so bf16 is stored as its uint16 bit pattern and the real dtype lives in the manifest).
@@ -48,6 +49,8 @@ def storage_dtype(name: str) -> np.dtype[Any]:
 # Rows (tokens) per chunk: a [start, stop) read touches at most ceil(len / 1024) + 1 chunks per layer.
 CHUNK_TOKENS = 1024
 BLOSC_BLOCKSIZE = 1 << 20
+ZARR_JSON = "zarr.json"
+CRC_ATTRIBUTE = "chunk_crc32"  # an array attribute: zlib.crc32 of each stored chunk, in order
 
 
 def layer_compressor(itemsize: int) -> BloscCodec:
@@ -60,75 +63,53 @@ def describe(itemsize: int) -> str:
     return f"blosc(cname=zstd, clevel=1, shuffle=byte, typesize={itemsize}, blocksize={BLOSC_BLOCKSIZE})"
 
 
-def chunk_file(array_dir: Path, row_chunk: int) -> Path:
-    """The file holding chunk `row_chunk` of a 2-D array written by `write_array`."""
-    return array_dir / "c" / str(row_chunk) / "0"
+def chunk_key(array: str, row_chunk: int, ndim: int) -> str:
+    """The key of chunk `row_chunk` of an array written by `array_objects` (chunked over rows only)."""
+    return "/".join([array, "c", str(row_chunk), *["0"] * (ndim - 1)])
 
 
-def write_array(path: Path, data: np.ndarray, *, compress: bool) -> None:
-    """Write `data` (chunked over rows) as a new zarr v3 array at `path`; not yet fsynced."""
-    zarr.create_array(
-        store=LocalStore(path),
-        data=data,
-        chunks=(max(1, min(CHUNK_TOKENS, data.shape[0])), *data.shape[1:]),
-        compressors=layer_compressor(data.dtype.itemsize) if compress else None,
+def array_objects(data: np.ndarray, *, compress: bool) -> tuple[bytes, list[bytes]]:
+    """`data` as a Zarr v3 array chunked over rows: its `zarr.json` and its encoded chunks in order.
+
+    Encoded here rather than by zarr so that each chunk's crc32 rides in the array's attributes
+    (`chunk_crc32`), which readers check; the bytes are exactly what zarr writes and reads back.
+    Every chunk is written, the last one padded with the fill value as zarr does, so a missing
+    chunk always means damage (zarr would read it as zeros).
+    """
+    rows = max(1, min(CHUNK_TOKENS, data.shape[0]))
+    little = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
+    codec = Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, blocksize=BLOSC_BLOCKSIZE, typesize=little.itemsize)
+    encoded: list[bytes] = []
+    for c in range(-(-data.shape[0] // rows)):
+        block = little[c * rows : (c + 1) * rows]
+        if len(block) < rows:
+            block = np.concatenate([block, np.zeros((rows - len(block), *data.shape[1:]), little.dtype)])
+        encoded.append(codec.encode(block) if compress else block.tobytes())
+    arr = zarr.create_array(
+        store=MemoryStore(),
+        shape=data.shape,
+        dtype=data.dtype,
+        chunks=(rows, *data.shape[1:]),
+        compressors=layer_compressor(little.itemsize) if compress else None,
         fill_value=0,
-        # Write every chunk, even all-zero ones (zarr skips them by default and reads zeros back),
-        # so a missing chunk file always means damage.
-        config={"write_empty_chunks": True},
+        attributes={CRC_ATTRIBUTE: [zlib.crc32(b) for b in encoded]},
         chunk_key_encoding={"name": "default", "separator": "/"},
         zarr_format=3,
     )
+    return arr.metadata.to_buffer_dict(default_buffer_prototype())[ZARR_JSON].to_bytes(), encoded
 
 
-def open_array(path: Path) -> zarr.Array[Any]:
-    """Open a stored array read-only."""
-    return zarr.open_array(store=LocalStore(path, read_only=True), mode="r", zarr_format=3)
-
-
-def read_rows(arr: zarr.Array[Any], array_dir: Path, start: int, stop: int, out: np.ndarray) -> None:
-    """Decode rows start:stop of a 2-D array from `write_array` into `out` (a strided view is fine)
-    through zarr: any array, but slower than `ChunkReader` on the ones `blosc_chunks` accepts.
+def read_rows(arr: zarr.Array[Any], exists: Callable[[str], bool], start: int, stop: int, out: np.ndarray) -> None:
+    """Decode rows start:stop of a 2-D array into `out` (a strided view is fine) through zarr: any
+    array, but slower than `ChunkReader` on the ones `blosc_chunks` accepts. `exists(key)` says whether
+    a chunk key (relative to the array) is stored.
 
     Raises FileNotFoundError for an absent chunk, which zarr would silently read as zeros.
     """
-    rows, cols = arr.shards or arr.chunks  # the shape of one stored file
+    rows, cols = arr.shards or arr.chunks  # the shape of one stored object
     for c in range(start // rows, (stop - 1) // rows + 1):
         for j in range(-(-arr.shape[1] // cols)):
-            if not (array_dir / arr.metadata.encode_chunk_key((c, j))).is_file():
+            if not exists(arr.metadata.encode_chunk_key((c, j))):
                 raise FileNotFoundError(f"chunk {c} is missing")
     # zarr decodes each chunk into its own buffer and copies it once into `out`.
     arr.get_basic_selection((slice(start, stop), slice(None)), out=NDBuffer(out))  # type: ignore[arg-type]
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (renames, new files) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: Path) -> None:
-    """fsync every file and directory under `root`, children first."""
-    # zarr's LocalStore renames each chunk into place but never fsyncs.
-    for dirpath, _dirs, files in os.walk(root, topdown=False):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
-
-
-def replace_file(path: Path, payload: bytes) -> None:
-    """Atomically replace `path`: write aside as `<name>.<uuid>.tmp`, fsync, rename, fsync the dir."""
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)

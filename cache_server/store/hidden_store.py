@@ -1,16 +1,16 @@
 """Per-prompt, per-layer hidden states in a Zarr v3 hierarchy (`hierarchy.py`) under a target's
-fingerprint: `prompts/<id>/{zarr.json, token_ids/, layers/<k>/}`, arrays staged under `tmp/` and
-renamed in (`publish.py`), the prompt group's manifest written last: the only source of truth.
-Reads: `reader.py`, `blosc_reader.py`; errors and the manifest: `manifest.py`; recovery: `recovery.py`.
+fingerprint: `prompts/<id>/{zarr.json, token_ids/, layers/<k>/}`, in a local directory or an S3
+bucket (`blobs.py`). Arrays are written under their final keys (`publish.py`) and the prompt group's
+manifest last: the only source of truth. Reads: `reader.py`, `blosc_reader.py`; errors and the
+manifest: `manifest.py`; orphans of interrupted writes: `recovery.py`.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from cache_server.store import chunks, hierarchy, publish
+from cache_server.store.blobs import Blobs, open_blobs
 from cache_server.store.manifest import (
     LayersNotStored,
     PromptManifest,
@@ -34,7 +35,7 @@ from cache_server.store.manifest import (
 )
 from cache_server.store.ram_cache import RamCache
 from cache_server.store.reader import READ_ERRORS, EncodedPiece, LayerRead, LayerReader
-from cache_server.store.recovery import lock_namespace, sweep_interrupted_writes
+from cache_server.store.recovery import sweep_orphans
 from cache_server.torch_utils import dtype_name
 from schemas.dtypes import DTYPE_NAMES
 from schemas.layers import LAYER_CONVENTION
@@ -44,17 +45,18 @@ log = logging.getLogger(__name__)
 
 
 class HiddenStore:
-    """One model's hidden states under `root / fingerprint`.
+    """One model's hidden states under `<store>/<fingerprint>`.
 
-    One HiddenStore per namespace at a time (a lock file enforces it across processes): opening
-    deletes leftovers of interrupted writes, which would destroy a live writer's staging area.
-    The caller (a single-flight scheduler) never writes one prompt from two threads at once; a
-    per-prompt lock here guards it anyway. Reads need no lock: published files never change.
+    Any number of HiddenStores, in any number of processes, may share a namespace: what they write is
+    invisible until its manifest is, and orphans are removed only once older than `orphan_grace_s`.
+    Two writers never write one prompt at once: within a process a per-prompt lock guards it, across
+    processes the capture leases of the coordination database do. Reads need no lock: published
+    arrays never change, and checksums catch one that did.
     """
 
     def __init__(
         self,
-        root: Path,
+        root: Blobs | Path | str,
         *,
         fingerprint: str,
         model_name: str,
@@ -62,46 +64,44 @@ class HiddenStore:
         dtype: torch.dtype,
         read_threads: int = 4,
         ram_cache: RamCache | None = None,
+        orphan_grace_s: float = 900.0,
     ) -> None:
         check_name(fingerprint, "fingerprint")
         if dtype_name(dtype) not in DTYPE_NAMES:
             raise StoreInputError(f"dtype {dtype} not supported ({', '.join(DTYPE_NAMES)})")
         if hidden_size < 1 or read_threads < 1:
             raise StoreInputError("hidden_size and read_threads must be >= 1")
+        self.blobs = root if not isinstance(root, Path | str) else open_blobs(str(root))
         self.fingerprint = fingerprint
         self.model_name = model_name
         self.hidden_size = hidden_size
         self.dtype = dtype
         self._dtype_name = dtype_name(dtype)
         self._storage_dtype = chunks.storage_dtype(self._dtype_name)
-        self._ns = Path(root) / fingerprint
-        self._prompts = self._ns / "prompts"
-        self._tmp = self._ns / "tmp"
-        self._prompts.mkdir(parents=True, exist_ok=True)
-        self._lock_file = lock_namespace(self._ns)
+        self._prompts = f"{fingerprint}/prompts"
         namespace = {"fingerprint": fingerprint, "model_name": model_name, "dtype": self._dtype_name,
                      "hidden_size": hidden_size, "layer_convention": LAYER_CONVENTION}  # fmt: skip
-        hierarchy.ensure_group(self._ns, {"hidden_state_cache": namespace})
-        hierarchy.ensure_group(self._prompts)
+        hierarchy.ensure_group(self.blobs, fingerprint, {"hidden_state_cache": namespace})
+        hierarchy.ensure_group(self.blobs, self._prompts)
         self._manifests: dict[str, PromptManifest] = {}
         self._guard = threading.Lock()
         self._prompt_locks: dict[str, threading.Lock] = {}
         self._ram = ram_cache
         self._reader = LayerReader(
-            self._prompts, hidden_size=hidden_size, storage_dtype=self._storage_dtype, threads=read_threads
+            self.blobs, self._prompts, hidden_size=hidden_size, storage_dtype=self._storage_dtype, threads=read_threads
         )
+        self._writers = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="hidden-store-write")
+        self.blobs.delete(f"{fingerprint}/tmp")  # the staging area of stores written before: never written now
         try:
-            sweep_interrupted_writes(self._prompts, self._tmp, self.manifest)
+            sweep_orphans(self.blobs, self._prompts, self.manifest, grace_s=orphan_grace_s)
         except BaseException:
             self.close()
             raise
 
-    # -- public -------------------------------------------------------------------------------
-
     @property
-    def namespace(self) -> Path:
-        """The directory of this target's states."""
-        return self._ns
+    def namespace(self) -> str:
+        """The key prefix of this target's states (its fingerprint)."""
+        return self.fingerprint
 
     @property
     def numpy_dtype(self) -> np.dtype[Any]:
@@ -109,9 +109,9 @@ class HiddenStore:
         return numpy_dtype(self._dtype_name)
 
     def close(self) -> None:
-        """Stop the read pool and release the namespace lock."""
+        """Stop the read and write pools."""
         self._reader.close()
-        self._lock_file.close()
+        self._writers.shutdown(wait=True)
 
     def __enter__(self) -> HiddenStore:
         return self
@@ -119,14 +119,15 @@ class HiddenStore:
     def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
         self.close()
 
-    def manifest(self, prompt_id: str) -> PromptManifest | None:
-        """The published manifest, or None (unknown id, or an unfinished write)."""
+    def manifest(self, prompt_id: str, *, fresh: bool = False) -> PromptManifest | None:
+        """The published manifest, or None (unknown id, or an unfinished write). It is cached once
+        read; `fresh` reads it again, for layers another server may have added since."""
         check_name(prompt_id, "prompt id")
         with self._guard:
-            cached = self._manifests.get(prompt_id)
+            cached = None if fresh else self._manifests.get(prompt_id)
         if cached is not None:
             return cached
-        text = hierarchy.manifest_text(self._prompts / prompt_id)
+        text = hierarchy.manifest_text(self.blobs, f"{self._prompts}/{prompt_id}")
         if text is None:
             return None
         loaded = parse_manifest(text, prompt_id, (self.fingerprint, self._dtype_name, self.hidden_size))
@@ -138,7 +139,7 @@ class HiddenStore:
         """int64 [T], checked against the manifest's hash."""
         m = self._require(prompt_id)
         try:
-            ids = np.asarray(self._reader.open(prompt_id, "token_ids")[:], dtype=np.int64)
+            ids = self._reader.token_ids(prompt_id)
         except READ_ERRORS as e:
             raise StoreCorrupt(f"prompt {prompt_id!r}: token ids unreadable: {e}") from e
         if token_sha256(ids) != m.token_sha256:
@@ -165,7 +166,7 @@ class HiddenStore:
             raise StoreInputError("write needs at least one layer")
         sha = token_sha256(ids)
         with self._prompt_lock(prompt_id):
-            old = self.manifest(prompt_id)
+            old = self.manifest(prompt_id, fresh=True)
             if old is not None:
                 if old.token_sha256 != sha or old.prompt_len != prompt_len:
                     raise StoreInputError(
@@ -175,12 +176,9 @@ class HiddenStore:
                 data = {k: v for k, v in data.items() if k not in old.layers}
                 if not data:
                     return old
-            staging = self._tmp / uuid.uuid4().hex
-            try:
-                publish.stage(staging, data, ids if old is None else None)
-                return self._publish(prompt_id, staging, old, ids, prompt_len, sorted(data), greedy_mismatches)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
+            base = f"{self._prompts}/{prompt_id}"
+            crc32 = publish.put_prompt(self.blobs, self._writers, base, data, ids if old is None else None)
+            return self._publish(prompt_id, old, ids, prompt_len, crc32, greedy_mismatches)
 
     def read_into(
         self,
@@ -250,6 +248,8 @@ class HiddenStore:
         self, prompt_id: str, layers: Sequence[int], start: int, stop: int | None
     ) -> tuple[PromptManifest, int]:
         m = self._require(prompt_id)
+        if not set(layers) <= set(m.layers):  # another server may have added them since
+            m = self._require(prompt_id, fresh=True)
         missing = sorted(set(layers) - set(m.layers))
         if missing:
             raise LayersNotStored(prompt_id, missing)
@@ -258,36 +258,35 @@ class HiddenStore:
             raise StoreInputError(f"rows [{start}, {stop}) outside prompt {prompt_id!r} of {m.num_tokens}")
         return m, stop
 
-    # -- reading --------------------------------------------------------------------------------
-
-    def _require(self, prompt_id: str) -> PromptManifest:
-        m = self.manifest(prompt_id)
+    def _require(self, prompt_id: str, *, fresh: bool = False) -> PromptManifest:
+        m = self.manifest(prompt_id, fresh=fresh)
         if m is None:
             raise PromptNotStored(f"prompt {prompt_id!r} is not stored for model {self.fingerprint}")
         return m
 
-    # -- writing --------------------------------------------------------------------------------
-
     def _publish(
         self,
         prompt_id: str,
-        staging: Path,
         old: PromptManifest | None,
         ids: np.ndarray,
         prompt_len: int,
-        new_layers: list[int],
+        new_layers: dict[int, int],
         greedy_mismatches: int | None,
     ) -> PromptManifest:
-        prompt_dir = publish.move_in(self._prompts, prompt_id, staging, new_prompt=old is None, layers=new_layers)
-        m = old.model_copy(update={"layers": tuple(sorted({*new_layers, *old.layers}))}) if old else PromptManifest(
-            prompt_id=prompt_id, model_fingerprint=self.fingerprint, model_name=self.model_name,
-            dtype=self._dtype_name,  # type: ignore[arg-type]  # checked in __init__
-            layers=tuple(sorted(new_layers)), prompt_len=prompt_len, num_tokens=len(ids),
-            hidden_size=self.hidden_size, token_sha256=token_sha256(ids),
-            codec=chunks.describe(self._storage_dtype.itemsize), created_at=datetime.now(UTC).isoformat(),
-            greedy_mismatches=greedy_mismatches,
-        )  # fmt: skip
-        hierarchy.publish_manifest(prompt_dir, m.model_dump(mode="json"))
+        """Write the manifest (new layers -> the crc32 of their zarr.json), the last step."""
+        if old is not None:
+            crc32 = {**(old.layer_crc32 or {}), **new_layers}
+            m = old.model_copy(update={"layers": tuple(sorted({*new_layers, *old.layers})), "layer_crc32": crc32})
+        else:
+            m = PromptManifest(
+                prompt_id=prompt_id, model_fingerprint=self.fingerprint, model_name=self.model_name,
+                dtype=self._dtype_name,  # type: ignore[arg-type]  # checked in __init__
+                layers=tuple(sorted(new_layers)), prompt_len=prompt_len, num_tokens=len(ids),
+                hidden_size=self.hidden_size, token_sha256=token_sha256(ids),
+                codec=chunks.describe(self._storage_dtype.itemsize), created_at=datetime.now(UTC).isoformat(),
+                greedy_mismatches=greedy_mismatches, layer_crc32=dict(sorted(new_layers.items())),
+            )  # fmt: skip
+        hierarchy.publish_manifest(self.blobs, f"{self._prompts}/{prompt_id}", m.model_dump(mode="json"))
         with self._guard:
             self._manifests[prompt_id] = m
         return m

@@ -10,13 +10,12 @@ a prompt appears only once complete. Stores written before this layout kept the 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-from cache_server.store import chunks
+from cache_server.store.blobs import Blobs
+from cache_server.store.chunks import ZARR_JSON
 
-GROUP = "zarr.json"
-OLD_MANIFEST = "manifest.json"  # the manifest file of stores written before the hierarchy
+OLD_MANIFEST = "manifest.json"  # the manifest object of stores written before the hierarchy
 
 
 def group_json(attributes: dict[str, Any] | None = None) -> bytes:
@@ -24,45 +23,38 @@ def group_json(attributes: dict[str, Any] | None = None) -> bytes:
     return json.dumps({"zarr_format": 3, "node_type": "group", "attributes": attributes or {}}, indent=1).encode()
 
 
-def ensure_group(path: Path, attributes: dict[str, Any] | None = None) -> None:
-    """Make `path` a group (writing its `zarr.json` unless one is there)."""
-    path.mkdir(parents=True, exist_ok=True)
-    if not (path / GROUP).is_file():
-        chunks.replace_file(path / GROUP, group_json(attributes))
+def ensure_group(blobs: Blobs, prefix: str, attributes: dict[str, Any] | None = None) -> None:
+    """Make `prefix` a group (writing its `zarr.json` unless one is there)."""
+    if blobs.get(f"{prefix}/{ZARR_JSON}") is None:
+        blobs.put(f"{prefix}/{ZARR_JSON}", group_json(attributes))
 
 
-def manifest_text(prompt_dir: Path) -> str | None:
+def manifest_text(blobs: Blobs, prompt: str) -> str | None:
     """The published manifest's JSON, from the prompt group's attributes (or an older store's
     `manifest.json`); None if the prompt was never published."""
+    raw = blobs.get(f"{prompt}/{ZARR_JSON}")
+    if raw is None:
+        old = blobs.get(f"{prompt}/{OLD_MANIFEST}")
+        return None if old is None else old.decode()
     try:
-        node = json.loads((prompt_dir / GROUP).read_text())
-    except FileNotFoundError:
-        try:
-            return (prompt_dir / OLD_MANIFEST).read_text()
-        except FileNotFoundError:
-            return None
-    except json.JSONDecodeError:
+        node = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return "{}"  # unreadable: the manifest check reports it
     manifest = node.get("attributes", {}).get("manifest") if isinstance(node, dict) else None
     return json.dumps(manifest) if manifest is not None else None
 
 
-def is_published(prompt_dir: Path) -> bool:
-    """Whether a prompt directory holds a published prompt (in either layout)."""
-    return manifest_text(prompt_dir) is not None
-
-
-def publish_manifest(prompt_dir: Path, manifest: dict[str, Any]) -> None:
+def publish_manifest(blobs: Blobs, prompt: str, manifest: dict[str, Any]) -> None:
     """Write the prompt group, the last step of publishing: before it, readers see nothing new."""
-    ensure_group(prompt_dir / "layers")
-    chunks.replace_file(prompt_dir / GROUP, group_json({"manifest": manifest}))
-    (prompt_dir / OLD_MANIFEST).unlink(missing_ok=True)
+    ensure_group(blobs, f"{prompt}/layers")
+    blobs.put(f"{prompt}/{ZARR_JSON}", group_json({"manifest": manifest}))
 
 
-def migrate(prompt_dir: Path) -> bool:
+def migrate(blobs: Blobs, prompt: str) -> bool:
     """Turn an older store's prompt (`manifest.json`) into a prompt group; True if it was one."""
-    old = prompt_dir / OLD_MANIFEST
-    if (prompt_dir / GROUP).is_file() or not old.is_file():
+    old = blobs.get(f"{prompt}/{OLD_MANIFEST}")
+    if old is None or blobs.get(f"{prompt}/{ZARR_JSON}") is not None:
         return False
-    publish_manifest(prompt_dir, json.loads(old.read_text()))
+    publish_manifest(blobs, prompt, json.loads(old))
+    blobs.delete(f"{prompt}/{OLD_MANIFEST}")
     return True

@@ -67,6 +67,10 @@ class PromptManifest(BaseModel):
     # 0 means the response is the target's own greedy continuation, so offline tau equals the live
     # greedy loop's; a given (not generated) response usually differs.
     greedy_mismatches: int | None = None
+    # zlib.crc32 of each layer's zarr.json, which holds the crc32 of each of its chunks: readers
+    # check both, so a layer overwritten after publishing is an error, never served (None: a prompt
+    # published before checksums).
+    layer_crc32: dict[int, int] | None = None
 
 
 def token_sha256(token_ids: np.ndarray) -> str:

@@ -1,19 +1,19 @@
-"""The write half of the store's protocol: stage a prompt's new arrays aside, make them durable, then
-rename them into the prompt's directory. The caller writes the manifest last (`chunks.replace_file`),
-and only a manifest makes a prompt or a layer visible."""
+"""The write half of the store's protocol, the same on a local disk and on object storage (which has
+no atomic rename): write a prompt's new arrays under their final keys, then its manifest last
+(`hierarchy.publish_manifest`). Until the manifest lists them, readers never see the arrays."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+import zlib
+from collections.abc import Mapping
+from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
 import torch
 
 from cache_server.store import chunks
+from cache_server.store.blobs import Blobs
 from cache_server.store.manifest import StoreInputError
 from cache_server.torch_utils import as_numpy
 
@@ -41,27 +41,25 @@ def layer_bytes(
     return as_numpy(t).view(storage)
 
 
-def stage(staging: Path, layers: Mapping[int, np.ndarray], ids: np.ndarray | None) -> None:
-    """Write the new layer arrays (and the token ids of a new prompt) under `staging`, durably."""
-    for k, a in layers.items():
-        chunks.write_array(staging / "layers" / str(k), a, compress=True)
-    if ids is not None:
-        chunks.write_array(staging / "token_ids", ids, compress=False)
-    chunks.fsync_tree(staging)
+def put_array(blobs: Blobs, key: str, data: np.ndarray, *, compress: bool) -> int:
+    """Write `data` as a Zarr array at `key` (whatever an interrupted write left there is removed
+    first: nothing lists it); returns the crc32 of its zarr.json, for the manifest."""
+    blobs.delete(key)
+    meta, encoded = chunks.array_objects(data, compress=compress)
+    for c, payload in enumerate(encoded):
+        blobs.put(chunks.chunk_key(key, c, data.ndim), payload)
+    blobs.put(f"{key}/{chunks.ZARR_JSON}", meta)
+    return zlib.crc32(meta)
 
 
-def move_in(prompts: Path, prompt_id: str, staging: Path, *, new_prompt: bool, layers: Iterable[int]) -> Path:
-    """Rename staged arrays into `prompts/prompt_id` and fsync the directories; returns that directory."""
-    prompt_dir = prompts / prompt_id
-    if new_prompt:
-        # A prompt dir without a manifest is an interrupted write: never published, safe to drop.
-        shutil.rmtree(prompt_dir, ignore_errors=True)
-        (prompt_dir / "layers").mkdir(parents=True)
-        os.rename(staging / "token_ids", prompt_dir / "token_ids")
-    for k in layers:
-        dest = prompt_dir / "layers" / str(k)
-        shutil.rmtree(dest, ignore_errors=True)  # unlisted leftover of an interrupted add
-        os.rename(staging / "layers" / str(k), dest)
-    for d in (prompt_dir / "layers", prompt_dir, prompts):
-        chunks.fsync_dir(d)
-    return prompt_dir
+def put_prompt(
+    blobs: Blobs, pool: Executor, prompt: str, layers: Mapping[int, np.ndarray], token_ids: np.ndarray | None
+) -> dict[int, int]:
+    """Write a prompt's new layer arrays on `pool`, and for a new prompt (`token_ids` given) its token
+    ids, after removing what an interrupted write left; returns the crc32 of each layer's zarr.json."""
+    if token_ids is not None:
+        blobs.delete(prompt)  # unpublished, so no reader can be using it
+    puts = {k: pool.submit(put_array, blobs, f"{prompt}/layers/{k}", a, compress=True) for k, a in layers.items()}
+    if token_ids is not None:
+        put_array(blobs, f"{prompt}/token_ids", token_ids, compress=False)
+    return {k: f.result() for k, f in puts.items()}

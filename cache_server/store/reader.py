@@ -1,44 +1,53 @@
 """The read half of the store: rows of published layers into a caller's buffer, on a thread pool.
 
-Published files never change, so reads need no lock, and recently opened arrays are kept (opening
-one parses its zarr.json: ~0.6 ms, against ~10 ms to read a layer).
+Published arrays never change, so reads need no lock, and recently opened arrays are kept (opening
+one reads and parses its zarr.json: ~0.6 ms locally, against ~10 ms to read a layer). A layer's
+zarr.json holds its chunks' checksums, and the manifest holds the checksum of that zarr.json.
 """
 
 from __future__ import annotations
 
+import json
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
+from zarr.core.metadata import ArrayV3Metadata
 
 from cache_server.store import blosc_reader, chunks
+from cache_server.store.blobs import Blobs
 from cache_server.store.manifest import PromptManifest, StoreCorrupt
 
 _OPEN_ARRAYS = 1024  # opened zarr arrays kept (LRU)
+_TOKEN_IDS_KEPT = 4096  # prompts whose token ids are kept (LRU; they never change once published)
 # Errors zarr/numcodecs raise on a missing or damaged array file.
 READ_ERRORS = (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarrError)
-# An opened layer array and, when it is laid out as `chunks.write_array` writes it, its chunks for
-# `blosc_reader.ChunkReader` (faster than zarr; None: read through zarr).
-_Layer = tuple[zarr.Array[Any], blosc_reader.BloscChunks | None]
+# An opened layer: its chunks for `blosc_reader.ChunkReader` when it is laid out as
+# `chunks.array_objects` writes it (faster than zarr), else the array for zarr to read.
+_Layer = blosc_reader.BloscChunks | zarr.Array[Any]
 LayerRead = tuple[int, np.ndarray, int, int]  # (layer id, out [stop - start, H], start, stop)
 # (first row in the range, rows, "blosc" | "raw", payload, skip)
 EncodedPiece = tuple[int, int, str, memoryview, int]
 
 
 class LayerReader:
-    """Reads the arrays under `prompts/<id>/` of one namespace."""
+    """Reads the arrays under `<prompts>/<id>/` of one namespace."""
 
-    def __init__(self, prompts: Path, *, hidden_size: int, storage_dtype: np.dtype[Any], threads: int) -> None:
+    def __init__(
+        self, blobs: Blobs, prompts: str, *, hidden_size: int, storage_dtype: np.dtype[Any], threads: int
+    ) -> None:
+        self._blobs = blobs
         self._prompts = prompts
         self._hidden_size = hidden_size
         self._storage_dtype = storage_dtype
         self._arrays: OrderedDict[tuple[str, int], _Layer] = OrderedDict()
+        self._token_ids: OrderedDict[str, np.ndarray] = OrderedDict()
         self._guard = threading.Lock()
         self._chunk_reader = blosc_reader.ChunkReader()  # per-thread buffers: used only from self._pool
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hidden-store")
@@ -48,11 +57,26 @@ class LayerReader:
         self._pool.shutdown(wait=True)
 
     def open(self, prompt_id: str, rel: str) -> zarr.Array[Any]:
-        """The array at `prompts/<prompt_id>/<rel>`; StoreCorrupt if it cannot be opened."""
+        """The array at `<prompts>/<prompt_id>/<rel>`, through zarr; StoreCorrupt if it cannot be opened."""
         try:
-            return chunks.open_array(self._prompts / prompt_id / rel)
+            return zarr.open_array(store=self._blobs.zarr_store(f"{self._prompts}/{prompt_id}/{rel}"), mode="r")
         except READ_ERRORS as e:
             raise StoreCorrupt(f"prompt {prompt_id!r}: {rel} unreadable: {e}") from e
+
+    def token_ids(self, prompt_id: str) -> np.ndarray:
+        """A prompt's token ids (int64, read-only), kept once read; READ_ERRORS if unreadable."""
+        with self._guard:
+            kept = self._token_ids.get(prompt_id)
+        if kept is not None:
+            return kept
+        arr = zarr.open_array(store=self._blobs.zarr_store(f"{self._prompts}/{prompt_id}/token_ids"), mode="r")
+        ids = np.asarray(arr[:], dtype=np.int64)
+        ids.flags.writeable = False
+        with self._guard:
+            self._token_ids[prompt_id] = ids
+            if len(self._token_ids) > _TOKEN_IDS_KEPT:
+                self._token_ids.popitem(last=False)
+        return ids
 
     def read(self, m: PromptManifest, wanted: Sequence[LayerRead]) -> None:
         """Fill each read's `out` (storage dtype, [stop - start, H], a strided view is fine) with rows
@@ -62,9 +86,10 @@ class LayerReader:
         copies it once into its rows of `out` (one task per layer read through zarr)."""
         reads: list[tuple[int, Callable[[], None]]] = []  # (layer, one read into an `out`)
         for k, dst, start, stop in wanted:
-            arr, blosc = self._layer_array(m, k)
-            if blosc is None:
-                reads.append((k, partial(chunks.read_rows, arr, self._layer_dir(m.prompt_id, k), start, stop, dst)))
+            blosc = self._layer_array(m, k)
+            if not isinstance(blosc, blosc_reader.BloscChunks):
+                exists = partial(_exists, self._blobs, self._layer_key(m.prompt_id, k))
+                reads.append((k, partial(chunks.read_rows, blosc, exists, start, stop, dst)))
                 continue
             for c, lo, hi, at in blosc.pieces(start, stop):
                 reads.append((k, partial(self._chunk_reader.read, blosc, c, lo, hi, dst[at : at + hi - lo])))
@@ -80,8 +105,8 @@ class LayerReader:
         layer not laid out as `chunks.write_array` writes it (the caller decodes those)."""
         plans: list[list[tuple[int, int, Future[tuple[str, memoryview, int]]]] | None] = []
         for k in layers:
-            _, blosc = self._layer_array(m, k)
-            if blosc is None:
+            blosc = self._layer_array(m, k)
+            if not isinstance(blosc, blosc_reader.BloscChunks):
                 plans.append(None)
                 continue
             read = partial(_encoded_guarded, m.prompt_id, k, blosc)
@@ -92,8 +117,8 @@ class LayerReader:
         wait(futures)  # all of them, before any error is raised
         return [None if plan is None else [(at, n, *f.result()) for at, n, f in plan] for plan in plans]
 
-    def _layer_dir(self, prompt_id: str, layer: int) -> Path:
-        return self._prompts / prompt_id / "layers" / str(layer)
+    def _layer_key(self, prompt_id: str, layer: int) -> str:
+        return f"{self._prompts}/{prompt_id}/layers/{layer}"
 
     def _layer_array(self, m: PromptManifest, layer: int) -> _Layer:
         prompt_id = m.prompt_id
@@ -103,18 +128,37 @@ class LayerReader:
             if found is not None:
                 self._arrays.move_to_end(key)
         if found is None:
-            arr = self.open(prompt_id, f"layers/{layer}")
-            if arr.shape != (m.num_tokens, self._hidden_size) or arr.dtype != self._storage_dtype:
-                raise StoreCorrupt(
-                    f"prompt {prompt_id!r} layer {layer}: array {arr.dtype} {arr.shape} does not match "
-                    f"the manifest ({m.num_tokens}, {self._hidden_size})"
-                )
-            found = (arr, blosc_reader.blosc_chunks(arr, self._layer_dir(prompt_id, layer)))
+            found = self._open_layer(m, layer)
             with self._guard:
                 self._arrays[key] = found
                 if len(self._arrays) > _OPEN_ARRAYS:
                     self._arrays.popitem(last=False)
         return found
+
+    def _open_layer(self, m: PromptManifest, layer: int) -> _Layer:
+        """A layer's metadata, checked against the manifest (its checksum, shape and dtype)."""
+        prompt_id, array = m.prompt_id, self._layer_key(m.prompt_id, layer)
+        try:
+            raw = self._blobs.get(f"{array}/{chunks.ZARR_JSON}")
+            if raw is None:
+                raise FileNotFoundError("its zarr.json is missing")
+            expected = m.layer_crc32.get(layer) if m.layer_crc32 is not None else None
+            if expected is not None and zlib.crc32(raw) != expected:
+                raise ValueError("its zarr.json does not match the manifest's checksum")
+            md = ArrayV3Metadata.from_dict(json.loads(raw))
+            if md.shape != (m.num_tokens, self._hidden_size) or md.data_type.to_native_dtype() != self._storage_dtype:
+                raise ValueError(
+                    f"array {md.data_type.to_native_dtype()} {md.shape} does not match the manifest "
+                    f"({m.num_tokens}, {self._hidden_size})"
+                )
+            found = blosc_reader.blosc_chunks(md, self._blobs, array)
+        except READ_ERRORS as e:
+            raise StoreCorrupt(f"prompt {prompt_id!r} layer {layer}: {e}") from e
+        return found if found is not None else self.open(prompt_id, f"layers/{layer}")
+
+
+def _exists(blobs: Blobs, array: str, chunk: str) -> bool:
+    return blobs.exists(f"{array}/{chunk}")
 
 
 def _encoded_guarded(prompt_id: str, layer: int, blosc: blosc_reader.BloscChunks, chunk: int, lo: int,

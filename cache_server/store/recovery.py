@@ -1,58 +1,62 @@
-"""What an interrupted write can leave in a store namespace, swept on open; and the lock that
-makes one HiddenStore per namespace (sweeping would destroy a live writer's staging area)."""
+"""What interrupted writes leave in a store namespace, and its removal once it is old enough.
+
+Several servers may share a store, so an object that no manifest lists may be a live writer's work in
+progress: only what has not changed for `grace_s` is an orphan. Readers never see either kind.
+"""
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import shutil
 from collections.abc import Callable
-from pathlib import Path
-from typing import IO
+from datetime import UTC, datetime, timedelta
 
-from cache_server.store.hierarchy import GROUP, OLD_MANIFEST, is_published, migrate
+from cache_server.store.blobs import Blobs
+from cache_server.store.hierarchy import migrate
 from cache_server.store.manifest import PromptManifest, StoreError
 
 log = logging.getLogger(__name__)
 
 
-def lock_namespace(ns: Path) -> IO[str]:
-    """An exclusive lock on `ns`, held while the returned file stays open."""
-    f = open(ns / ".lock", "a")  # noqa: SIM115  # held open for the store's lifetime
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as e:
-        f.close()
-        raise StoreError(f"{ns} is already open by another HiddenStore") from e
-    return f
-
-
-def sweep_interrupted_writes(prompts: Path, tmp: Path, manifest: Callable[[str], PromptManifest | None]) -> None:
-    """Delete what interrupted writes left: staging dirs, unpublished prompts, unlisted layers, temp
-    files; and migrate prompts of an older store to prompt groups (`hierarchy.migrate`)."""
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for stray in prompts.glob(f"{GROUP}.*"):
-        stray.unlink()
-    for prompt_dir in prompts.iterdir():
-        if not prompt_dir.is_dir():
-            continue  # the group's own zarr.json
-        for stray in [*prompt_dir.glob(f"{GROUP}.*"), *prompt_dir.glob(f"{OLD_MANIFEST}.*")]:
-            stray.unlink()
-        if not is_published(prompt_dir):
-            log.info("removing unpublished prompt dir %s", prompt_dir)
-            shutil.rmtree(prompt_dir, ignore_errors=True)
-            continue
+def sweep_orphans(
+    blobs: Blobs, prompts: str, manifest: Callable[[str], PromptManifest | None], *, grace_s: float
+) -> int:
+    """Delete unpublished prompts, layers their manifest does not list and stray temporary files,
+    all older than `grace_s`; migrate prompts of an older store to prompt groups. Returns how many
+    prefixes or files were removed."""
+    cutoff = datetime.now(UTC) - timedelta(seconds=grace_s)
+    removed = _remove_temporaries(blobs, prompts, cutoff)
+    for prompt_id in blobs.children(prompts):
+        base = f"{prompts}/{prompt_id}"
         try:
-            m = manifest(prompt_dir.name)
+            m = manifest(prompt_id)
         except StoreError as e:
-            log.warning("leaving unreadable prompt %s in place: %s", prompt_dir.name, e)
+            log.warning("leaving unreadable prompt %s in place: %s", prompt_id, e)
             continue
-        if migrate(prompt_dir):
-            log.info("migrated prompt %s to a prompt group", prompt_dir.name)
-        listed = {str(k) for k in m.layers} if m else set()
-        layers_dir = prompt_dir / "layers"
-        for layer_dir in layers_dir.iterdir() if layers_dir.is_dir() else ():
-            if layer_dir.is_dir() and layer_dir.name not in listed:
-                log.info("removing unpublished layer dir %s", layer_dir)
-                shutil.rmtree(layer_dir, ignore_errors=True)
+        if m is None:
+            removed += _remove_if_stale(blobs, base, cutoff)
+            continue
+        if migrate(blobs, base):
+            log.info("migrated prompt %s to a prompt group", prompt_id)
+        removed += _remove_temporaries(blobs, base, cutoff)
+        listed = {str(k) for k in m.layers}
+        for name in blobs.children(f"{base}/layers"):
+            if name not in listed:
+                removed += _remove_if_stale(blobs, f"{base}/layers/{name}", cutoff)
+    return removed
+
+
+def _remove_if_stale(blobs: Blobs, prefix: str, cutoff: datetime) -> int:
+    newest = max((o.modified for o in blobs.objects(prefix)), default=None)
+    if newest is not None and newest > cutoff:
+        return 0  # possibly a live write on another server
+    log.info("removing orphaned %s", prefix)
+    blobs.delete(prefix)
+    return 1
+
+
+def _remove_temporaries(blobs: Blobs, prefix: str, cutoff: datetime) -> int:
+    """A local write's `<name>.<uuid>.tmp`, left when a process died between writing and renaming."""
+    stale = [o.key for o in blobs.objects(prefix, recursive=False) if o.key.endswith(".tmp") and o.modified <= cutoff]
+    for key in stale:
+        blobs.delete(key)
+    return len(stale)

@@ -1,4 +1,4 @@
-"""The SQLite job store: leases, retries, exactly one report per job, restarts, racing claimers."""
+"""The job store: leases, retries, exactly one report per job, restarts, racing claimers."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> JobStore:
-    jobs = JobStore(tmp_path / "jobs.sqlite", max_attempts=3, now=clock)
+def store(db_location: str, clock: Clock) -> JobStore:
+    jobs = JobStore(db_location, max_attempts=3, now=clock)
     yield jobs  # type: ignore[misc]
     jobs.close()
 
@@ -131,8 +131,8 @@ def test_an_expired_lease_not_yet_taken_over_still_completes(store: JobStore, cl
     assert store.complete(job_id, leased.lease, _report("w")).status == JobStatus.done
 
 
-def test_lease_expiry_past_max_attempts_fails_the_job(tmp_path: Path, clock: Clock) -> None:
-    store = JobStore(tmp_path / "jobs.sqlite", max_attempts=2, now=clock)
+def test_lease_expiry_past_max_attempts_fails_the_job(db_location: str, clock: Clock) -> None:
+    store = JobStore(db_location, max_attempts=2, now=clock)
     job_id = _submit(store)
     later = _submit(store, "b")
     for worker in ("w1", "w2"):
@@ -150,8 +150,8 @@ def test_lease_expiry_past_max_attempts_fails_the_job(tmp_path: Path, clock: Clo
     store.close()
 
 
-def test_reads_report_a_job_whose_last_lease_expired_as_failed(tmp_path: Path, clock: Clock) -> None:
-    store = JobStore(tmp_path / "jobs.sqlite", max_attempts=1, now=clock)
+def test_reads_report_a_job_whose_last_lease_expired_as_failed(db_location: str, clock: Clock) -> None:
+    store = JobStore(db_location, max_attempts=1, now=clock)
     job_id = _submit(store)
     assert store.claim("w", 10) is not None
     clock.t += 11  # no other worker ever claims: a poller must still see the end
@@ -188,8 +188,8 @@ def test_retryable_failures_requeue_until_attempts_run_out(store: JobStore) -> N
     assert final.error == "CUDA OOM 3 (gave up after 3 attempts)"
 
 
-def test_restart_keeps_jobs_leases_and_reports(tmp_path: Path, clock: Clock) -> None:
-    path = tmp_path / "jobs.sqlite"
+def test_restart_keeps_jobs_leases_and_reports(db_location: str, clock: Clock) -> None:
+    path = db_location
     store = JobStore(path, now=clock)
     done, running, queued = (_submit(store, n) for n in "abc")
     first = store.claim("w", 600)
@@ -218,9 +218,9 @@ def _grab(store: JobStore, name: str, barrier: threading.Barrier) -> str | None:
     return leased.job.job_id if leased is not None else None
 
 
-def test_racing_claimers_never_share_a_job(tmp_path: Path) -> None:
+def test_racing_claimers_never_share_a_job(db_location: str) -> None:
     """Four threads on two stores (as two server processes would), released together, 40 times."""
-    path = tmp_path / "jobs.sqlite"
+    path = db_location
     a, b = JobStore(path), JobStore(path)
     for _ in range(40):
         job_id = _submit(a)
@@ -232,8 +232,8 @@ def test_racing_claimers_never_share_a_job(tmp_path: Path) -> None:
     b.close()
 
 
-def test_many_claimers_finish_every_job_exactly_once(tmp_path: Path) -> None:
-    path = tmp_path / "jobs.sqlite"
+def test_many_claimers_finish_every_job_exactly_once(db_location: str) -> None:
+    path = db_location
     setup = JobStore(path)
     ids = {_submit(setup, f"c{i}") for i in range(40)}
     stores = [JobStore(path), JobStore(path)]  # threads share a store and stores share the file
@@ -264,20 +264,23 @@ def test_a_version_1_job_database_is_migrated_through_every_version_and_keeps_it
     """A database written before EAGLE-3 options existed (schema 1) opens, keeps its jobs, takes new ones."""
     import sqlite3
 
-    from cache_server.jobs.rows import SCHEMA
-
     path = tmp_path / "jobs.sqlite"
-    v1 = SCHEMA.replace("    steps INTEGER,                    -- EAGLE-3 chain length or NULL\n", "")
-    v1 = v1.replace("    eagle_trees TEXT NOT NULL DEFAULT '[]',  -- JSON list of \"TOPK,DEPTH,TOTAL\"\n", "")
-    v1 = v1.replace("    layer_convention TEXT,\n", "")
-    v1 = v1.replace("    sets TEXT NOT NULL DEFAULT '[]',  -- JSON list of prompt set names\n", "")
-    assert "steps" not in v1 and "eagle_trees" not in v1 and "layer_convention" not in v1 and "sets" not in v1
+    v1 = """CREATE TABLE jobs (
+        job_id TEXT PRIMARY KEY,
+        status TEXT NOT NULL CHECK (status IN ('queued', 'running', 'done', 'failed')),
+        checkpoint TEXT NOT NULL, checkpoint_relative TEXT NOT NULL, prompts TEXT NOT NULL,
+        tree_budgets TEXT NOT NULL, target_layer_ids TEXT, block_size INTEGER, target_fingerprint TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0, max_attempts INTEGER NOT NULL, worker TEXT, lease TEXT,
+        lease_s REAL, created_at REAL NOT NULL, started_at REAL, finished_at REAL, lease_expires_at REAL,
+        error TEXT, report TEXT
+    ); CREATE INDEX jobs_by_status ON jobs (status);"""
     with sqlite3.connect(path) as conn:
         conn.executescript(v1)
-        conn.execute(
-            "INSERT INTO jobs (job_id, status, checkpoint, checkpoint_relative, prompts, tree_budgets, "
-            "max_attempts, created_at) VALUES ('old', 'queued', '/r/a.pt', 'a.pt', '\"all\"', '[4]', 3, 1.0)"
-        )
+        for job_id in ("old", "older"):  # rowid order is submission order, kept as `seq`
+            conn.execute(
+                "INSERT INTO jobs (job_id, status, checkpoint, checkpoint_relative, prompts, tree_budgets, "
+                f"max_attempts, created_at) VALUES ('{job_id}', 'queued', '/r/a.pt', 'a.pt', '\"all\"', '[4]', 3, 1.0)"
+            )
         conn.execute("PRAGMA user_version = 1")
     conn.close()
     store = JobStore(path)
@@ -285,4 +288,5 @@ def test_a_version_1_job_database_is_migrated_through_every_version_and_keeps_it
     assert (old.tree_budgets, old.steps, old.eagle_trees, old.layer_convention, old.sets) == ([4], None, [], None, [])
     new = store.submit(spec("/r/b.pt", steps=4, eagle_trees=["10,7,60"]), checkpoint_relative="b.pt")
     assert (store.get(new.job_id).steps, store.get(new.job_id).eagle_trees) == (4, ["10,7,60"])
+    assert [j.job_id for j in store.page().jobs] == ["old", "older", new.job_id]
     store.close()

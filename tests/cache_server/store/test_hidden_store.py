@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -12,10 +11,11 @@ import pytest
 import torch
 import zarr
 from zarr.codecs import BloscCodec
-from zarr.storage import LocalStore
+from zarr.core.metadata import ArrayV3Metadata
 
-from cache_server.store import blosc_reader
+from cache_server.store import blosc_reader, publish
 from cache_server.store import chunks as arrays
+from cache_server.store.blobs import Blobs, LocalBlobs
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import (
     LayersNotStored,
@@ -34,12 +34,13 @@ OpenStore = Callable[..., HiddenStore]
 
 
 @pytest.fixture
-def open_store(tmp_path: Path) -> Iterator[OpenStore]:
+def open_store(store_root: str) -> Iterator[OpenStore]:
+    """Opens stores at one location: a local directory, then a prefix of an S3 bucket (moto)."""
     opened: list[HiddenStore] = []
 
     def _open(fingerprint: str = "fp0", dtype: torch.dtype = torch.bfloat16, **kw: object) -> HiddenStore:
         store = HiddenStore(
-            tmp_path,
+            store_root,
             fingerprint=fingerprint,
             model_name="tiny",
             hidden_size=H,
@@ -84,8 +85,28 @@ TOKENS = np.arange(100, 100 + T)
 
 def published(store: HiddenStore) -> list[PromptManifest]:
     """Every prompt a reader can see, by id."""
-    found = [store.manifest(p.name) for p in sorted((store.namespace / "prompts").iterdir()) if p.is_dir()]
+    found = [store.manifest(p) for p in store.blobs.children(f"{store.namespace}/prompts")]
     return [m for m in found if m is not None]
+
+
+def prompt_group(store: HiddenStore, prompt_id: str) -> dict[str, object]:
+    raw = store.blobs.get(f"{store.namespace}/prompts/{prompt_id}/zarr.json")
+    assert raw is not None
+    return json.loads(raw)  # type: ignore[no-any-return]
+
+
+def layer_key(store: HiddenStore, prompt_id: str, layer: int) -> str:
+    return f"{store.namespace}/prompts/{prompt_id}/layers/{layer}"
+
+
+def chunk_of(store: HiddenStore, prompt_id: str, layer: int, chunk: int) -> str:
+    return arrays.chunk_key(layer_key(store, prompt_id, layer), chunk, 2)
+
+
+def layout(blobs: Blobs, key: str) -> blosc_reader.BloscChunks | None:
+    raw = blobs.get(f"{key}/zarr.json")
+    assert raw is not None
+    return blosc_reader.blosc_chunks(ArrayV3Metadata.from_dict(json.loads(raw)), blobs, key)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -129,7 +150,7 @@ def test_read_into_a_column_view_of_a_bigger_buffer(open_store: OpenStore) -> No
     assert not got[:, :H].any() and not got[:, 3 * H :].any()
 
 
-def test_manifest_fields(open_store: OpenStore, tmp_path: Path) -> None:
+def test_manifest_fields(open_store: OpenStore) -> None:
     store = open_store()
     m = store.write(
         "p1",
@@ -145,14 +166,15 @@ def test_manifest_fields(open_store: OpenStore, tmp_path: Path) -> None:
     assert m.token_sha256 == hashlib.sha256(TOKENS.astype("<i8").tobytes()).hexdigest()
     assert "zstd" in m.codec
     assert datetime.fromisoformat(m.created_at).tzinfo is not None
-    group = json.loads((tmp_path / "fp0" / "prompts" / "p1" / "zarr.json").read_text())
-    on_disk = group["attributes"]["manifest"]
+    group = prompt_group(store, "p1")
+    on_disk = group["attributes"]["manifest"]  # type: ignore[index]
     assert group["node_type"] == "group"
     assert on_disk["layers"] == [2, 7] and on_disk["token_sha256"] == m.token_sha256
     assert store.manifest("p1") == m
     assert published(store) == [m]
     assert store.manifest("nope") is None
-    assert store.namespace == tmp_path / "fp0"
+    assert store.namespace == "fp0"
+    assert sorted(m.layer_crc32 or {}) == [2, 7]
 
 
 def test_adding_layers_keeps_old_ones(open_store: OpenStore, small_chunks: None) -> None:
@@ -165,8 +187,7 @@ def test_adding_layers_keeps_old_ones(open_store: OpenStore, small_chunks: None)
     assert torch.equal(bits(read(store, "p1", [3])), bits(make_layer(3, torch.bfloat16)))
     assert torch.equal(bits(read(store, "p1", [1])), bits(make_layer(1, torch.bfloat16)))
     assert store.write("p1", TOKENS, 10, {1: make_layer(1, torch.bfloat16)}) == second
-    group = json.loads((store.namespace / "prompts" / "p1" / "zarr.json").read_text())
-    assert group["attributes"]["manifest"]["layers"] == [1, 3]
+    assert prompt_group(store, "p1")["attributes"]["manifest"]["layers"] == [1, 3]  # type: ignore[index]
 
 
 def test_add_with_other_tokens_or_prompt_len_raises(open_store: OpenStore) -> None:
@@ -224,41 +245,71 @@ def test_bad_inputs_are_rejected(open_store: OpenStore) -> None:
         store.read_into("p1", [0], np.empty((5, H), dtype=store.numpy_dtype), T - 2, T + 3)
 
 
-def test_interrupted_writes_are_never_served_and_removed_on_reopen(open_store: OpenStore) -> None:
+def leave_interrupted_writes(store: HiddenStore) -> None:
+    """What a kill leaves: the old layout's staging dir, a prompt whose manifest never came, a layer
+    written before the manifest listing it, a manifest temp file."""
+    ns, blobs = store.namespace, store.blobs
+    blobs.put(f"{ns}/tmp/dead/layers/0/zarr.json.abc.partial", b"{")
+    publish.put_array(blobs, f"{ns}/prompts/p2/layers/0", np.zeros((T, H), np.uint16), compress=True)
+    publish.put_array(blobs, f"{ns}/prompts/p1/layers/5", np.ones((T, H), np.uint16), compress=True)
+    blobs.put(f"{ns}/prompts/p1/zarr.json.123.tmp", b"{")
+
+
+def test_interrupted_writes_are_never_served_and_removed_once_stale(open_store: OpenStore) -> None:
     store = open_store()
     store.write("p1", TOKENS, 10, {3: make_layer(3, torch.bfloat16)})
-    ns = store.namespace
-    store.close()
-    # What a kill leaves: a staging dir with a zarr orphan, a prompt dir whose manifest never came,
-    # a layer dir renamed in before the manifest listing it, a manifest temp file.
-    (ns / "tmp" / "dead" / "layers" / "0").mkdir(parents=True)
-    (ns / "tmp" / "dead" / "layers" / "0" / "zarr.json.abc.partial").write_text("{")
-    arrays.write_array(ns / "prompts" / "p2" / "layers" / "0", np.zeros((T, H), np.uint16), compress=True)
-    arrays.write_array(ns / "prompts" / "p1" / "layers" / "5", np.ones((T, H), np.uint16), compress=True)
-    (ns / "prompts" / "p1" / "zarr.json.123.tmp").write_text("{")
-
-    store = open_store()
+    leave_interrupted_writes(store)
+    ns, blobs = store.namespace, store.blobs
+    # Within the grace period they may be another server's live write: invisible, and kept.
+    store = open_store(orphan_grace_s=3600)
     assert [m.prompt_id for m in published(store)] == ["p1"]
     assert store.manifest("p2") is None
-    assert not (ns / "prompts" / "p2").exists()
-    assert not (ns / "prompts" / "p1" / "layers" / "5").exists()
-    assert not (ns / "prompts" / "p1" / "zarr.json.123.tmp").exists()
-    assert list((ns / "tmp").iterdir()) == []
     with pytest.raises(LayersNotStored):
         store.read_into("p1", [5], np.empty((T, H), dtype=store.numpy_dtype))
+    assert blobs.children(f"{ns}/prompts/p1/layers") == ["3", "5"]
+    assert blobs.get(f"{ns}/prompts/p1/zarr.json.123.tmp") is not None
+    # Older than the grace period: orphans, removed.
+    store = open_store(orphan_grace_s=0)
+    assert blobs.children(f"{ns}/prompts") == ["p1"]
+    assert blobs.children(f"{ns}/prompts/p1/layers") == ["3"]
+    assert blobs.get(f"{ns}/prompts/p1/zarr.json.123.tmp") is None
+    assert list(blobs.objects(f"{ns}/tmp")) == []
     # The caller recomputes; both writes now succeed.
     store.write("p1", TOKENS, 10, {5: make_layer(5, torch.bfloat16)})
     store.write("p2", TOKENS, 10, {0: make_layer(0, torch.bfloat16)})
     assert torch.equal(bits(read(store, "p1", [5])), bits(make_layer(5, torch.bfloat16)))
 
 
-def test_failed_publish_leaves_nothing_visible(open_store: OpenStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_write_over_leftovers_replaces_them(open_store: OpenStore, small_chunks: None) -> None:
     store = open_store()
+    store.write("p1", TOKENS, 10, {3: make_layer(3, torch.bfloat16)})
+    leave_interrupted_writes(store)
+    # A leftover chunk beyond the new array's end must not survive either.
+    store.blobs.put(chunk_of(store, "p2", 0, 7), b"stale")
+    store.write("p1", TOKENS, 10, {5: make_layer(5, torch.bfloat16)})
+    store.write("p2", TOKENS, 10, {0: make_layer(0, torch.bfloat16)})
+    assert torch.equal(
+        bits(read(store, "p1", [5, 3])), bits(torch.cat([make_layer(k, torch.bfloat16) for k in (5, 3)], 1))
+    )
+    assert torch.equal(bits(read(store, "p2", [0])), bits(make_layer(0, torch.bfloat16)))
+    assert store.blobs.get(chunk_of(store, "p2", 0, 7)) is None
 
-    def crash(path: Path, payload: bytes) -> None:
-        raise OSError("disk full")
 
-    monkeypatch.setattr(arrays, "replace_file", crash)
+@pytest.mark.parametrize("fails", ["a chunk", "an array's zarr.json", "the manifest"])
+def test_failed_publish_leaves_nothing_visible(
+    open_store: OpenStore, small_chunks: None, monkeypatch: pytest.MonkeyPatch, fails: str
+) -> None:
+    store = open_store()
+    put = store.blobs.put
+    suffix = {"a chunk": "/layers/0/c/1/0", "an array's zarr.json": "/layers/0/zarr.json",
+              "the manifest": "/p1/zarr.json"}[fails]  # fmt: skip
+
+    def crash(key: str, data: bytes | memoryview) -> None:
+        if key.endswith(suffix):
+            raise OSError("disk full")
+        put(key, data)
+
+    monkeypatch.setattr(store.blobs, "put", crash)
     with pytest.raises(OSError, match="disk full"):
         store.write("p1", TOKENS, 10, {0: make_layer(0, torch.bfloat16)})
     assert store.manifest("p1") is None
@@ -267,6 +318,7 @@ def test_failed_publish_leaves_nothing_visible(open_store: OpenStore, monkeypatc
     monkeypatch.undo()
     store.write("p1", TOKENS, 10, {0: make_layer(0, torch.bfloat16)})
     assert store.manifest("p1").layers == (0,)  # type: ignore[union-attr]
+    assert torch.equal(bits(read(store, "p1", [0])), bits(make_layer(0, torch.bfloat16)))
 
 
 def test_missing_chunk_is_corruption_not_zeros(open_store: OpenStore, small_chunks: None) -> None:
@@ -274,27 +326,43 @@ def test_missing_chunk_is_corruption_not_zeros(open_store: OpenStore, small_chun
     zeros = torch.zeros(T, H, dtype=torch.bfloat16)
     store.write("p1", TOKENS, 10, {0: zeros, 1: make_layer(1, torch.bfloat16)})
     assert torch.equal(bits(read(store, "p1", [0])), bits(zeros))  # all-zero chunks are still written
-    arrays.chunk_file(store.namespace / "prompts" / "p1" / "layers" / "1", 1).unlink()
+    store.blobs.delete(chunk_of(store, "p1", 1, 1))
     read(store, "p1", [1], 0, 16)  # chunk 0 is intact
     with pytest.raises(StoreCorrupt, match="chunk 1"):
         read(store, "p1", [0, 1], 10, 20)
 
 
-def test_one_store_per_namespace(open_store: OpenStore) -> None:
-    first = open_store()
-    with pytest.raises(StoreError, match="already open"):
-        open_store()
-    first.close()
-    open_store()
+def test_chunks_overwritten_after_publishing_fail_their_checksums(open_store: OpenStore, small_chunks: None) -> None:
+    """What a writer whose capture lease was taken over could do: replace published objects with its
+    own valid ones. Readers refuse them instead of serving a mix."""
+    store = open_store()
+    store.write("p1", TOKENS, 10, {0: make_layer(0, torch.bfloat16), 1: make_layer(1, torch.bfloat16)})
+    # A valid chunk of the same size from another capture of the same shape.
+    _, other = arrays.array_objects(as_numpy(make_layer(7, torch.bfloat16)).view(np.uint16), compress=True)
+    store.blobs.put(chunk_of(store, "p1", 1, 0), other[0])
+    with pytest.raises(StoreCorrupt, match="layer 1: chunk 0 does not match its checksum"):
+        read(store, "p1", [0, 1])
+    # The layer's metadata rewritten with checksums to match: the manifest's checksum catches it.
+    meta, _ = arrays.array_objects(as_numpy(make_layer(7, torch.bfloat16)).view(np.uint16), compress=True)
+    store.blobs.put(f"{layer_key(store, 'p1', 0)}/zarr.json", meta)
+    fresh = open_store()
+    with pytest.raises(StoreCorrupt, match=r"layer 0: its zarr\.json does not match the manifest.s checksum"):
+        read(fresh, "p1", [0])
+
+
+def test_many_stores_share_a_namespace(open_store: OpenStore) -> None:
+    """Servers on one store: what one publishes, another reads, including layers added later."""
+    a, b = open_store(), open_store()
+    a.write("p1", TOKENS, 10, {3: make_layer(3, torch.bfloat16)})
+    assert torch.equal(bits(read(b, "p1", [3])), bits(make_layer(3, torch.bfloat16)))
+    b.write("p1", TOKENS, 10, {1: make_layer(1, torch.bfloat16)})
+    assert torch.equal(bits(read(a, "p1", [1, 3])), bits(torch.cat([make_layer(k, torch.bfloat16) for k in (1, 3)], 1)))
+    assert a.manifest("p1") == b.manifest("p1")
 
 
 # -- the direct chunk reader (blosc_reader.ChunkReader) against zarr ------------------------------------
 
 RANGES = [(0, T), (0, 1), (15, 17), (16, 32), (5, 39), (39, 40), (31, 33)]
-
-
-def layer_dir(store: HiddenStore, prompt_id: str, layer: int) -> Path:
-    return store.namespace / "prompts" / prompt_id / "layers" / str(layer)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -304,14 +372,15 @@ def test_direct_chunk_reads_match_zarr(
     store = open_store(dtype=dtype)
     layers = {k: make_layer(k, dtype) for k in (1, 3, 5)}
     store.write("p1", TOKENS, 10, layers)
-    arr = arrays.open_array(layer_dir(store, "p1", 1))
-    chunks = blosc_reader.blosc_chunks(arr, layer_dir(store, "p1", 1))
-    assert chunks is not None and chunks.chunk_rows == 16  # the direct path is the one under test
+    chunks = layout(store.blobs, layer_key(store, "p1", 1))
+    assert (
+        chunks is not None and chunks.chunk_rows == 16 and chunks.crc32 is not None
+    )  # the direct path is the one under test
     # One layer decodes full chunks straight into `out`; several go through a scratch into column slices.
     requests = [[5, 1, 3], [3], [1, 1]]
     direct = {(tuple(ks), r): read(store, "p1", ks, *r) for ks in requests for r in RANGES}
     store.close()
-    monkeypatch.setattr(blosc_reader, "blosc_chunks", lambda arr, array_dir: None)
+    monkeypatch.setattr(blosc_reader, "blosc_chunks", lambda md, blobs, array: None)
     via_zarr = open_store(dtype=dtype)
     for (ks, (start, stop)), got in direct.items():
         want = torch.cat([layers[k][start:stop] for k in ks], dim=1)
@@ -319,27 +388,36 @@ def test_direct_chunk_reads_match_zarr(
         assert torch.equal(bits(read(via_zarr, "p1", list(ks), start, stop)), bits(got)), (ks, start, stop)
 
 
-def test_other_array_layouts_are_read_through_zarr(open_store: OpenStore, small_chunks: None, tmp_path: Path) -> None:
-    data = make_layer(0, torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-    arrays.write_array(tmp_path / "ours", data, compress=True)
-    arrays.write_array(tmp_path / "raw", data, compress=False)
-    assert blosc_reader.blosc_chunks(arrays.open_array(tmp_path / "ours"), tmp_path / "ours") is not None
-    assert blosc_reader.blosc_chunks(arrays.open_array(tmp_path / "raw"), tmp_path / "raw") is None
-    # A layer someone rewrote with another codec and chunk key encoding still reads back exactly.
+def test_other_array_layouts_are_read_through_zarr(open_store: OpenStore, small_chunks: None) -> None:
     store = open_store()
+    data = make_layer(0, torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    publish.put_array(store.blobs, "ours", data, compress=True)
+    publish.put_array(store.blobs, "raw", data, compress=False)
+    assert layout(store.blobs, "ours") is not None
+    assert layout(store.blobs, "raw") is None
+    # A layer someone rewrote with another codec and chunk key encoding still reads back exactly.
     layers = {k: make_layer(k, torch.bfloat16) for k in (0, 1)}
     store.write("p1", TOKENS, 10, layers)
-    other = layer_dir(store, "p1", 1)
-    shutil.rmtree(other)
+    other = layer_key(store, "p1", 1)
+    store.blobs.delete(other)
     zarr.create_array(
-        store=LocalStore(other),
+        store=store.blobs.zarr_store(other, read_only=False),
         data=as_numpy(layers[1]).view(np.uint16),
         chunks=(8, H),
         compressors=BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle"),
         chunk_key_encoding={"name": "default", "separator": "."},
         zarr_format=3,
     )
-    assert blosc_reader.blosc_chunks(arrays.open_array(other), other) is None
+    assert layout(store.blobs, other) is None
+    store = open_store()  # the manifest's checksum of layer 1's zarr.json no longer holds: drop it
+    m = store.manifest("p1")
+    assert m is not None and m.layer_crc32 is not None
+    store.blobs.put(
+        f"{store.namespace}/prompts/p1/zarr.json",
+        json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {"manifest": {
+            **m.model_dump(mode="json"), "layer_crc32": {"0": m.layer_crc32[0]}}}}).encode(),
+    )  # fmt: skip
+    store = open_store()
     for start, stop in RANGES:
         want = torch.cat([layers[k][start:stop] for k in (1, 0)], dim=1)
         assert torch.equal(bits(read(store, "p1", [1, 0], start, stop)), bits(want)), (start, stop)
@@ -349,20 +427,23 @@ def test_other_array_layouts_are_read_through_zarr(open_store: OpenStore, small_
 def test_damaged_chunk_is_corruption_not_garbage(open_store: OpenStore, small_chunks: None, damage: str) -> None:
     store = open_store()
     store.write("p1", TOKENS, 10, {0: make_layer(0, torch.bfloat16), 1: make_layer(1, torch.bfloat16)})
-    chunk = arrays.chunk_file(layer_dir(store, "p1", 1), 1)
-    payload = chunk.read_bytes()
+    chunk = chunk_of(store, "p1", 1, 1)
+    payload = store.blobs.get(chunk)
+    assert payload is not None
     if damage == "truncated":
-        chunk.write_bytes(payload[:-1])
+        store.blobs.put(chunk, payload[:-1])
     elif damage == "empty":
-        chunk.write_bytes(b"")
+        store.blobs.put(chunk, b"")
     elif damage == "other width":  # a whole, valid chunk of the wrong size
-        arrays.write_array(store.namespace / "wide", np.ones((16, 2 * H), dtype=np.uint16), compress=True)
-        chunk.write_bytes(arrays.chunk_file(store.namespace / "wide", 0).read_bytes())
+        store.blobs.put(chunk, arrays.array_objects(np.ones((16, 2 * H), dtype=np.uint16), compress=True)[1][0])
     else:
-        chunk.write_bytes(payload[:16] + bytes(len(payload) - 16))  # header intact, blocks zeroed
+        store.blobs.put(chunk, payload[:16] + bytes(len(payload) - 16))  # header intact, blocks zeroed
     read(store, "p1", [1], 0, 16)  # chunk 0 is intact
     for layers in ([1], [0, 1]):
-        with pytest.raises(StoreCorrupt, match=r"layer 1: chunk 1 (is damaged|is truncated|does not decode)"):
+        with pytest.raises(
+            StoreCorrupt,
+            match=r"layer 1: chunk 1 (is damaged|is truncated|does not decode|does not match its checksum)",
+        ):
             read(store, "p1", layers, 10, 20)
 
 
@@ -377,37 +458,38 @@ def test_a_row_range_decodes_only_its_blocks_and_reads_exactly(tmp_path: Path, k
         data = data.view(np.uint16)
     else:
         data = rng.integers(0, 1 << 16, (rows, width), dtype=np.uint16)
-    arrays.write_array(tmp_path / "a", data, compress=True)
-    layout = blosc_reader.blosc_chunks(arrays.open_array(tmp_path / "a"), tmp_path / "a")
-    assert layout is not None
+    blobs = LocalBlobs(tmp_path)
+    publish.put_array(blobs, "a", data, compress=True)
+    chunks = layout(blobs, "a")
+    assert chunks is not None
     reader = blosc_reader.ChunkReader()
     for start, stop in [(0, 1), (5, 133), (500, 530), (1000, 1100), (1023, 1025), (1490, 1500), (0, 1500)]:
         out = np.empty((stop - start, width), np.uint16)
-        for c, lo, hi, at in layout.pieces(start, stop):
-            reader.read(layout, c, lo, hi, out[at : at + hi - lo])
+        for c, lo, hi, at in chunks.pieces(start, stop):
+            reader.read(chunks, c, lo, hi, out[at : at + hi - lo])
         assert np.array_equal(out, data[start:stop]), (kind, start, stop)
-    flags = arrays.chunk_file(tmp_path / "a", 0).read_bytes()[2]
+    flags = (blobs.get(arrays.chunk_key("a", 0, 2)) or b"")[2]
     assert bool(flags & 0x02) == (kind == "incompressible")
 
 
 def test_a_damaged_block_table_is_an_error_not_garbage(tmp_path: Path) -> None:
     data = as_numpy(torch.randn(1024, 2048).to(torch.bfloat16)).view(np.uint16)
-    arrays.write_array(tmp_path / "a", data, compress=True)
-    path = arrays.chunk_file(tmp_path / "a", 0)
-    raw = bytearray(path.read_bytes())
+    blobs = LocalBlobs(tmp_path)
+    publish.put_array(blobs, "a", data, compress=True)
+    raw = bytearray(blobs.get(arrays.chunk_key("a", 0, 2)) or b"")
     raw[16:20] = (10**9).to_bytes(4, "little")  # the first block's offset points past the chunk
-    path.write_bytes(bytes(raw))
-    layout = blosc_reader.blosc_chunks(arrays.open_array(tmp_path / "a"), tmp_path / "a")
-    assert layout is not None
+    blobs.put(arrays.chunk_key("a", 0, 2), bytes(raw))
+    chunks = layout(blobs, "a")
+    assert chunks is not None
     with pytest.raises(ValueError, match="block table"):
-        blosc_reader.ChunkReader().read(layout, 0, 0, 10, np.empty((10, 2048), np.uint16))
+        blosc_reader.ChunkReader().read(chunks, 0, 0, 10, np.empty((10, 2048), np.uint16))
 
 
 def test_plain_zarr_browses_the_store(open_store: OpenStore) -> None:
     store = open_store()
     layers = {k: make_layer(k, torch.bfloat16) for k in (1, 4)}
     m = store.write("p1", TOKENS, 10, layers)
-    root = zarr.open_group(store=LocalStore(store.namespace, read_only=True), mode="r")
+    root = zarr.open_group(store=store.blobs.zarr_store(store.namespace), mode="r")
     assert root.attrs["hidden_state_cache"]["fingerprint"] == "fp0"
     assert root.attrs["hidden_state_cache"]["layer_convention"] == LAYER_CONVENTION
     prompt = root["prompts/p1"]
@@ -422,20 +504,15 @@ def test_a_store_written_before_the_hierarchy_is_read_and_migrated(open_store: O
     store = open_store()
     layers = {k: make_layer(k, torch.bfloat16) for k in (0, 2)}
     m = store.write("p1", TOKENS, 10, layers)
-    prompt_dir, ns = store.namespace / "prompts" / "p1", store.namespace
-    store.close()
-    # The older layout: the manifest in manifest.json, no group metadata anywhere.
-    (prompt_dir / "manifest.json").write_text(m.model_dump_json(indent=1))
-    for group in (
-        prompt_dir / "zarr.json",
-        prompt_dir / "layers" / "zarr.json",
-        ns / "prompts" / "zarr.json",
-        ns / "zarr.json",
-    ):
-        group.unlink()
+    blobs, ns = store.blobs, store.namespace
+    prompt = f"{ns}/prompts/p1"
+    # The older layout: the manifest in manifest.json, no group metadata anywhere, no checksums.
+    blobs.put(f"{prompt}/manifest.json", m.model_copy(update={"layer_crc32": None}).model_dump_json(indent=1).encode())
+    for group in (prompt, f"{prompt}/layers", f"{ns}/prompts", ns):
+        blobs.delete(f"{group}/zarr.json")
     store = open_store()
-    assert store.manifest("p1") == m
+    assert store.manifest("p1") == m.model_copy(update={"layer_crc32": None})
     assert torch.equal(bits(read(store, "p1", [2, 0])), bits(torch.cat([layers[2], layers[0]], dim=1)))
-    assert not (prompt_dir / "manifest.json").exists()  # migrated on open
-    root = zarr.open_group(store=LocalStore(ns, read_only=True), mode="r")
+    assert blobs.get(f"{prompt}/manifest.json") is None  # migrated on open
+    root = zarr.open_group(store=blobs.zarr_store(ns), mode="r")
     assert root["prompts/p1"].attrs["manifest"]["layers"] == [0, 2]

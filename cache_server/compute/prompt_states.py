@@ -1,0 +1,119 @@
+"""What `GET /prompts`, `/prompts/{id}`, `/sets` and jobs' `"all"` report: each registered prompt's
+status (ready once published, failed once the target failed on it, else pending), from the store and
+the shared capture table, so that every server on a store gives the same answers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from cache_server.compute.registry import Registration, Registry
+from cache_server.compute.sets import SetRegistry
+from cache_server.coordination.captures import CaptureQueue, CaptureState
+from cache_server.errors import PromptNotFound, UnknownSets
+from cache_server.store.hidden_store import HiddenStore
+from schemas.prompts import PromptPage, PromptState, PromptStatus, SetCounts, SetList
+
+
+class PromptStates:
+    """Status reads over one namespace's registrations, sets, store and capture work."""
+
+    def __init__(self, store: HiddenStore, registry: Registry, sets: SetRegistry, captures: CaptureQueue) -> None:
+        self.store, self.registry, self.sets, self.captures = store, registry, sets, captures
+
+    def status(self, prompt_id: str, captures: dict[str, CaptureState] | None = None) -> PromptStatus:
+        """A prompt's status; `captures` is `CaptureQueue.states()` when asking about many prompts."""
+        if self.store.manifest(prompt_id) is not None:
+            return PromptStatus.ready
+        state = captures.get(prompt_id) if captures is not None else self.captures.state(prompt_id)
+        if state is not None and state.published:  # by another server: read its manifest once
+            return PromptStatus.ready if self.store.manifest(prompt_id, fresh=True) else PromptStatus.pending
+        if state is not None and state.status == "failed":
+            return PromptStatus.failed
+        return PromptStatus.pending
+
+    def state(
+        self, prompt_id: str, *, with_tokens: bool = True, captures: dict[str, CaptureState] | None = None
+    ) -> PromptState:
+        """A prompt's status; listings leave out token_ids (a store read per prompt)."""
+        reg = self.registered(prompt_id)
+        status = self.status(prompt_id, captures)
+        manifest = self.store.manifest(prompt_id)
+        tokens: list[int] | None = None
+        if manifest is not None:
+            num_tokens: int | None = manifest.num_tokens
+            if with_tokens:
+                tokens = self.store.token_ids(prompt_id).tolist()
+        elif reg.response_ids is not None:
+            num_tokens = reg.prompt_len + len(reg.response_ids)
+            tokens = list(reg.prompt_ids) + list(reg.response_ids) if with_tokens else None
+        else:
+            num_tokens = None  # the response is not generated yet
+        capture = captures.get(prompt_id) if captures is not None else self.captures.state(prompt_id)
+        return PromptState(
+            prompt_id=prompt_id,
+            name=reg.name,
+            status=status,
+            prompt_len=reg.prompt_len,
+            num_tokens=num_tokens,
+            token_ids=tokens,
+            layers_stored=list(manifest.layers) if manifest else [],
+            sets=self.sets.of(prompt_id),
+            chat_template_sha256=reg.chat_template_sha256,
+            enable_thinking=reg.enable_thinking,
+            greedy_mismatches=manifest.greedy_mismatches if manifest else None,
+            error=capture.error if capture is not None and capture.status == "failed" else None,
+        )
+
+    def page(
+        self, offset: int, limit: int, status: PromptStatus | None = None, set_name: str | None = None
+    ) -> PromptPage:
+        """One page of the registered prompts, optionally of one status and of one set."""
+        regs = self.registry.all()
+        captures = self.captures.states()
+        if set_name is not None:
+            regs = [r for p in self.set_members(set_name) if (r := self.registry.get(p)) is not None]
+        if status is not None:
+            regs = [r for r in regs if self.status(r.prompt_id, captures) == status]
+        states = [self.state(r.prompt_id, with_tokens=False, captures=captures) for r in regs[offset : offset + limit]]
+        return PromptPage(prompts=states, total=len(regs), offset=offset, limit=limit)
+
+    def evaluable_prompt_ids(self, sets: Sequence[str] = ()) -> list[str]:
+        """What a job's `prompts: "all"` means: every registered prompt (of `sets`, when given) the target
+        has not failed on (as `eval-worker evaluate --all-prompts` / `--set` take them)."""
+        failed = {p for p, state in self.captures.states().items() if state.status == "failed"}
+        ids = (
+            list(dict.fromkeys(p for name in sets for p in self.set_members(name)))
+            if sets
+            else [r.prompt_id for r in self.registry.all()]
+        )
+        return [p for p in ids if p not in failed]
+
+    def pending_count(self) -> int:
+        """Registered prompts neither ready nor failed."""
+        captures = self.captures.states()
+        return sum(self.status(r.prompt_id, captures) == PromptStatus.pending for r in self.registry.all())
+
+    def set_counts(self) -> SetList:
+        """`GET /sets`: every set with its prompts counted by status."""
+        captures = self.captures.states()
+        out = []
+        for name in self.sets.names():
+            statuses = Counter(self.status(p, captures) for p in self.set_members(name))
+            out.append(SetCounts(name=name, total=sum(statuses.values()), pending=statuses[PromptStatus.pending],
+                                 ready=statuses[PromptStatus.ready], failed=statuses[PromptStatus.failed]))  # fmt: skip
+        return SetList(sets=out)
+
+    def set_members(self, name: str) -> list[str]:
+        """A set's prompt ids; UnknownSets if there is no such set."""
+        members = self.sets.members(name)
+        if members is None:
+            raise UnknownSets(f"no prompt set {name!r}; GET /sets lists them")
+        return members
+
+    def registered(self, prompt_id: str) -> Registration:
+        """A registration; PromptNotFound if there is none."""
+        reg = self.registry.get(prompt_id)
+        if reg is None:
+            raise PromptNotFound(f"no prompt {prompt_id!r} is registered for target {self.store.fingerprint}")
+        return reg

@@ -1,0 +1,187 @@
+"""Capture work shared by every server on one store: a prompt's missing layers are computed by exactly
+one server, which claims them under a lease, renews it while it computes, and marks them done once
+they are published. A dead server's lease expires and another server takes the work over.
+
+A request for layers that a running capture does not cover is kept (`more`) and queued when it ends,
+so single-flight holds across servers: asking two servers for the same missing layer computes it once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import ColumnElement, Connection, and_, func, or_, select
+
+from cache_server.coordination.database import Database
+from cache_server.coordination.tables import CAPTURES
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """Capture work this server now holds: compute `layers` of `prompt_id`."""
+
+    prompt_id: str
+    layers: tuple[int, ...]
+    attempts: int
+
+
+@dataclass(frozen=True)
+class CaptureState:
+    """Where a prompt's capture stands."""
+
+    status: str  # queued | running | done | failed
+    owner: str | None
+    error: str | None
+    published: bool  # the prompt is ready (some of its layers may still be queued)
+
+
+class CaptureQueue:
+    """The `captures` rows of one namespace, seen by the server instance `owner`."""
+
+    def __init__(
+        self,
+        db: Database,
+        namespace: str,
+        owner: str,
+        *,
+        lease_s: float = 30.0,
+        max_attempts: int = 10,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self.db, self.namespace, self.owner = db, namespace, owner
+        self.lease_s, self.max_attempts, self._now = lease_s, max_attempts, now
+
+    def request(self, prompt_id: str, layers: Iterable[int], *, retry_failed: bool = False) -> CaptureState:
+        """Ask for `layers` of a prompt: queued, unless a queued or running capture covers them.
+        A failed prompt stays failed unless `retry_failed` (a re-registration)."""
+        wanted = sorted(set(layers))
+        with self.db.transaction() as c:
+            row = self._row(c, prompt_id)
+            if row is None:
+                c.execute(CAPTURES.insert().values(
+                    namespace=self.namespace, prompt_id=prompt_id, seq=self._next_seq(c), status="queued",
+                    layers=json.dumps(wanted), more="[]", attempts=0, published=False,
+                ))  # fmt: skip
+            elif row.status == "failed" and not retry_failed:
+                pass
+            elif row.status == "running":
+                more = sorted(set(json.loads(row.more)) | (set(wanted) - set(json.loads(row.layers))))
+                self._update(c, prompt_id, more=json.dumps(more))
+            elif row.status == "queued":
+                self._update(c, prompt_id, layers=json.dumps(sorted(set(json.loads(row.layers)) | set(wanted))))
+            elif wanted:  # done (or a failure retried): a new capture
+                self._update(c, prompt_id, status="queued", layers=json.dumps(wanted), more="[]", error=None,
+                             attempts=0, owner=None, lease_expires_at=None, seq=self._next_seq(c))  # fmt: skip
+            state = self._state(c, prompt_id)
+            assert state is not None  # inserted above if it was not there
+            return state
+
+    def claim(self) -> Claimed | None:
+        """The oldest queued capture, or a running one whose lease expired, now held by this server."""
+        now = self._now()
+        with self.db.transaction() as c:
+            expired = and_(CAPTURES.c.status == "running", CAPTURES.c.lease_expires_at <= now)
+            row = c.execute(
+                select(CAPTURES)
+                .where(CAPTURES.c.namespace == self.namespace, or_(CAPTURES.c.status == "queued", expired))
+                .order_by(CAPTURES.c.seq)
+                .limit(1)
+            ).first()
+            if row is None:
+                return None
+            if row.attempts >= self.max_attempts:  # it took down every server that ran it
+                error = f"given up after {row.attempts} attempts whose leases expired (last: {row.owner})"
+                self._update(c, row.prompt_id, status="failed", error=error, owner=None, lease_expires_at=None)
+                return None
+            layers = sorted(set(json.loads(row.layers)) | set(json.loads(row.more)))
+            self._update(c, row.prompt_id, status="running", owner=self.owner, lease_expires_at=now + self.lease_s,
+                         attempts=row.attempts + 1, layers=json.dumps(layers), more="[]")  # fmt: skip
+            return Claimed(row.prompt_id, tuple(layers), row.attempts + 1)
+
+    def renew(self, prompt_ids: Iterable[str]) -> None:
+        """Extend this server's leases on `prompt_ids`."""
+        ids = list(prompt_ids)
+        if not ids:
+            return
+        with self.db.transaction() as c:
+            c.execute(
+                CAPTURES.update()
+                .where(self._mine(), CAPTURES.c.prompt_id.in_(ids))
+                .values(lease_expires_at=self._now() + self.lease_s)
+            )
+
+    def done(self, prompt_id: str) -> bool:
+        """The held capture is published: done, or queued again for what was asked meanwhile.
+        False if this server no longer held it (its lease was taken over)."""
+        with self.db.transaction() as c:
+            row = self._row(c, prompt_id)
+            if row is None or row.status != "running" or row.owner != self.owner:
+                return False
+            more = json.loads(row.more)
+            status = "queued" if more else "done"
+            self._update(c, prompt_id, status=status, layers=json.dumps(more), more="[]", owner=None,
+                         lease_expires_at=None, attempts=0, published=True)  # fmt: skip
+            return True
+
+    def fail(self, prompt_id: str, error: str) -> None:
+        """The target failed on the held capture: failed until the prompt is registered again."""
+        with self.db.transaction() as c:
+            c.execute(
+                CAPTURES.update()
+                .where(self._mine(), CAPTURES.c.prompt_id == prompt_id)
+                .values(status="failed", error=error, owner=None, lease_expires_at=None)
+            )
+
+    def release(self, prompt_ids: Iterable[str]) -> None:
+        """Give held captures back (on shutdown), so that another server takes them at once."""
+        ids = list(prompt_ids)
+        if ids:
+            with self.db.transaction() as c:
+                c.execute(
+                    CAPTURES.update()
+                    .where(self._mine(), CAPTURES.c.prompt_id.in_(ids))
+                    .values(status="queued", owner=None, lease_expires_at=None, attempts=CAPTURES.c.attempts - 1)
+                )
+
+    def state(self, prompt_id: str) -> CaptureState | None:
+        """One prompt's capture state, or None if it never needed the target."""
+        with self.db.transaction() as c:
+            return self._state(c, prompt_id)
+
+    def states(self) -> dict[str, CaptureState]:
+        """Every prompt's capture state (one query, for listings)."""
+        with self.db.transaction() as c:
+            rows = c.execute(
+                select(CAPTURES.c.prompt_id, CAPTURES.c.status, CAPTURES.c.owner, CAPTURES.c.error,
+                       CAPTURES.c.published).where(CAPTURES.c.namespace == self.namespace)
+            )  # fmt: skip
+            return {r.prompt_id: CaptureState(r.status, r.owner, r.error, bool(r.published)) for r in rows}
+
+    def _mine(self) -> ColumnElement[bool]:
+        return and_(CAPTURES.c.namespace == self.namespace, CAPTURES.c.status == "running",
+                    CAPTURES.c.owner == self.owner)  # fmt: skip
+
+    def _row(self, c: Connection, prompt_id: str):  # type: ignore[no-untyped-def]
+        return c.execute(
+            select(CAPTURES).where(CAPTURES.c.namespace == self.namespace, CAPTURES.c.prompt_id == prompt_id)
+        ).first()
+
+    def _state(self, c: Connection, prompt_id: str) -> CaptureState | None:
+        row = self._row(c, prompt_id)
+        return None if row is None else CaptureState(row.status, row.owner, row.error, bool(row.published))
+
+    def _update(self, c: Connection, prompt_id: str, **values: object) -> None:
+        c.execute(
+            CAPTURES.update()
+            .where(CAPTURES.c.namespace == self.namespace, CAPTURES.c.prompt_id == prompt_id)
+            .values(**values)
+        )
+
+    def _next_seq(self, c: Connection) -> int:
+        seq: int = c.execute(
+            select(func.coalesce(func.max(CAPTURES.c.seq), 0) + 1).where(CAPTURES.c.namespace == self.namespace)
+        ).scalar_one()
+        return seq
