@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 def _client(settings: ConnectionSettings) -> CacheClient:
     from cache_server.client import CacheClient
 
-    return CacheClient(settings.server, token=settings.token)
+    first, *more = settings.server_urls()
+    return CacheClient(first, token=settings.token, feature_servers=more)
 
 
 def _stop_on_signals() -> threading.Event:

@@ -23,7 +23,11 @@ class ConnectionSettings(BaseSettings):
         cli_avoid_json=True,
         cli_implicit_flags=True,
     )
-    server: str = Field(default="http://127.0.0.1:8000", description="cache server URL")
+    server: str = Field(
+        default="http://127.0.0.1:8000",
+        description="cache server URL; several, comma-separated, for servers sharing one store: feature "
+        "requests are spread over them, everything else goes to the first",
+    )
     token: CliSuppress[str | None] = Field(default=None, description="bearer token for the server's writes")
     timeout_s: CliSuppress[float] = Field(default=600.0, gt=0, description="how long to wait for pending prompts")
 
@@ -31,6 +35,17 @@ class ConnectionSettings(BaseSettings):
     @classmethod
     def _empty_is_none(cls, v: str | None) -> str | None:
         return v or None  # compose passes an unset variable as ""
+
+    @field_validator("server")
+    @classmethod
+    def _urls(cls, v: str) -> str:
+        if not all(u.strip().startswith(("http://", "https://")) for u in v.split(",")):
+            raise ValueError(f"server must be http(s) URLs, comma-separated, got {v!r}")
+        return v
+
+    def server_urls(self) -> list[str]:
+        """The servers, the first of which takes everything but feature requests."""
+        return [u.strip() for u in self.server.split(",")]
 
 
 class SubmitSettings(ConnectionSettings):

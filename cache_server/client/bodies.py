@@ -11,9 +11,13 @@ import http.client
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+import httpx
 import numpy as np
+
+from cache_server.client.errors import ProtocolError, raise_for_error
 
 # A kept-alive connection the server has since closed fails on first use: reconnect once.
 _STALE = (http.client.RemoteDisconnected, http.client.ImproperConnectionState, BrokenPipeError, ConnectionResetError)
@@ -59,6 +63,7 @@ class BodyReader:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"server URL {base_url!r} must be http:// or https://host[:port]")
+        self.base_url = base_url.rstrip("/")
         self._https = url.scheme == "https"
         self._host, self._port = url.hostname, url.port
         self._prefix = url.path.rstrip("/")
@@ -128,3 +133,24 @@ class BodyReader:
             for conn in self._all:
                 conn.close()
             self._all.clear()
+
+
+def httpx_body(http: httpx.Client, path: str, params: dict[str, Any] | None) -> tuple[np.ndarray | bytes, str]:
+    """A tensor body through httpx (when tests pass in a transport), into one buffer sized from
+    Content-Length, and its content type; the typed error of an error response."""
+    with http.stream("GET", path, params=params) as response:
+        if not response.is_success:
+            response.read()
+            raise_for_error(response)
+        content_type = response.headers.get("content-type", "")
+        size = int(response.headers.get("Content-Length", "-1"))
+        if size < 0:
+            return response.read(), content_type
+        buf = np.empty(size, dtype=np.uint8)
+        view, pos = memoryview(buf.data), 0
+        for chunk in response.iter_raw():
+            view[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        if pos != size:
+            raise ProtocolError(f"body of {path} ended at {pos} of {size} bytes")
+        return buf, content_type

@@ -7,6 +7,7 @@ JSON goes through httpx; tensor bodies through `http.client` straight into one b
 from __future__ import annotations
 
 import http.client
+import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
@@ -15,13 +16,13 @@ from typing import Any, Literal
 import httpx
 import numpy as np
 
-from cache_server.client.bodies import BodyReader, BodyTruncated, Scratch
+from cache_server.client.bodies import BodyReader, BodyTruncated, Scratch, httpx_body
 from cache_server.client.errors import (
     NotFoundError,
     PromptFailedError,
     ProtocolError,
     ServerUnreachable,
-    error_class,
+    raise_for_error,
 )
 from cache_server.client.pieces import OutMismatch, check_out, decode_pieces
 from cache_server.client.results import HiddenResult, TargetHeads
@@ -45,22 +46,11 @@ from schemas.safetensors_frame import WireFormatError, parse
 _POLL_ONE_BY_ONE = 32  # above this many pending prompts, wait_ready reads the paged listing instead
 
 
-def raise_for_error(response: httpx.Response) -> None:
-    """Raise the typed error an unsuccessful response carries; return on success."""
-    if response.is_success:
-        return
-    try:
-        err = response.json()["error"]
-        code, message = str(err["code"]), str(err["message"])
-    except (ValueError, KeyError, TypeError):
-        raise ProtocolError(f"HTTP {response.status_code} without an error body: {response.text[:200]!r}") from None
-    retry = response.headers.get("Retry-After")
-    retry_after_s = float(retry) if retry is not None and retry.isdigit() else None
-    raise error_class(response.status_code, code)(response.status_code, code, message, retry_after_s)
-
-
 class CacheClient:
-    """Synchronous client of one cache server; use as a context manager or call close()."""
+    """Synchronous client of a cache server; use as a context manager or call close().
+
+    `feature_servers`: more servers on the same store (and target), over which `hidden` spreads its
+    requests in turn with `base_url`'s; everything else goes to `base_url`."""
 
     def __init__(
         self,
@@ -69,12 +59,18 @@ class CacheClient:
         timeout: float = 120.0,
         transport: httpx.BaseTransport | None = None,
         token: str | None = None,
+        feature_servers: Sequence[str] = (),
     ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
         # Tensor bodies skip httpx, unless a transport is passed in (tests): then everything uses it.
         self._bodies = BodyReader(self.base_url, timeout=timeout, headers=headers) if transport is None else None
+        if feature_servers and transport is not None:
+            raise ValueError("feature_servers need real connections, not a transport")
+        self._spread = [self._bodies, *(BodyReader(u, timeout=timeout, headers=headers) for u in feature_servers)]
+        self._turn = itertools.count()  # next() is atomic: threads take turns without a lock
+        self._spread_checked = not feature_servers
         self._scratch = Scratch()  # receive buffers of bodies decoded into an array of their own
 
     def __enter__(self) -> CacheClient:
@@ -86,11 +82,12 @@ class CacheClient:
     def close(self) -> None:
         """Close the connection pools."""
         self._http.close()
-        if self._bodies is not None:
-            self._bodies.close()
+        for bodies in self._spread:
+            if bodies is not None:
+                bodies.close()
 
-    def _unreachable(self, e: Exception) -> ServerUnreachable:
-        return ServerUnreachable(f"cannot reach the cache server at {self.base_url}: {e}")
+    def _unreachable(self, e: Exception, url: str | None = None) -> ServerUnreachable:
+        return ServerUnreachable(f"cannot reach the cache server at {url or self.base_url}: {e}")
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One JSON request; raises the typed error of an error response."""
@@ -194,43 +191,27 @@ class CacheClient:
     # -- tensor endpoints -----------------------------------------------------------------------
 
     def _get_body(
-        self, path: str, params: dict[str, Any] | None = None, *, scratch: bool = False
+        self, path: str, params: dict[str, Any] | None = None, *, scratch: bool = False, spread: bool = False
     ) -> tuple[np.ndarray | bytes, str]:
         """A tensor body in one buffer preallocated from Content-Length (no growing copies), and its
-        content type. `scratch`: into this thread's reused buffer, valid until its next scratch read."""
-        if self._bodies is None:
-            return self._get_body_httpx(path, params)
+        content type. `scratch`: into this thread's reused buffer, valid until its next scratch read.
+        `spread`: from the next of the feature servers in turn."""
+        reader = self._spread[next(self._turn) % len(self._spread)] if spread else self._bodies
+        if reader is None:
+            try:
+                return httpx_body(self._http, path, params)
+            except httpx.TransportError as e:
+                raise self._unreachable(e) from e
         try:
-            body = self._bodies.get(path, params, into=self._scratch if scratch else None)
+            body = reader.get(path, params, into=self._scratch if scratch else None)
         except BodyTruncated as e:
             raise ProtocolError(str(e)) from e
         except (OSError, http.client.HTTPException) as e:
-            raise self._unreachable(e) from e
+            raise self._unreachable(e, reader.base_url) from e
         if isinstance(body.data, bytes):
             raise_for_error(httpx.Response(body.status, headers=body.headers, content=body.data))
         content_type = next((v for k, v in body.headers if k.lower() == "content-type"), "")
         return body.data, content_type
-
-    def _get_body_httpx(self, path: str, params: dict[str, Any] | None) -> tuple[np.ndarray | bytes, str]:
-        try:
-            with self._http.stream("GET", path, params=params) as response:
-                if not response.is_success:
-                    response.read()
-                    raise_for_error(response)
-                content_type = response.headers.get("content-type", "")
-                size = int(response.headers.get("Content-Length", "-1"))
-                if size < 0:
-                    return response.read(), content_type
-                buf = np.empty(size, dtype=np.uint8)
-                view, pos = memoryview(buf.data), 0
-                for chunk in response.iter_raw():
-                    view[pos : pos + len(chunk)] = chunk
-                    pos += len(chunk)
-                if pos != size:
-                    raise ProtocolError(f"body of {path} ended at {pos} of {size} bytes")
-                return buf, content_type
-        except httpx.TransportError as e:
-            raise self._unreachable(e) from e
 
     def hidden(
         self,
@@ -248,6 +229,7 @@ class CacheClient:
         machine's cores; `encoding="safetensors"` asks for the decoded body. The array is the same.
         `out` (C-contiguous, [rows, len(layers) * H], the served dtype) receives the hidden states
         instead of a new array: reusing one saves the page faults of fresh memory on every call."""
+        self._check_spread()
         params: dict[str, Any] = {"prompt_id": prompt_id, "layers": format_layer_list(layers), "encoding": encoding}
         if start is not None:
             params["start"] = start
@@ -256,7 +238,7 @@ class CacheClient:
         try:
             # The body lands in this thread's reused buffer and is decoded or copied out of it: faulting
             # fresh pages inside the socket read costs more than the copy (bench/serve_hidden.py).
-            data, content_type = self._get_body("/hidden", params, scratch=True)
+            data, content_type = self._get_body("/hidden", params, scratch=True, spread=True)
             if content_type.startswith(PIECES_MEDIA_TYPE):
                 hidden, token_ids, meta = decode_pieces(data, out)
             else:
@@ -273,6 +255,18 @@ class CacheClient:
                 f"asked for layers {list(layers)}, got {metadata.layers} with width {result.hidden.shape[1]}"
             )
         return result
+
+    def _check_spread(self) -> None:
+        """Once: every feature server must serve the target `base_url` serves (ProtocolError if not)."""
+        if self._spread_checked:
+            return
+        want = self.model().fingerprint
+        for reader in self._spread[1:]:
+            assert reader is not None  # feature servers come with real connections
+            got = httpx.get(f"{reader.base_url}/model", timeout=30).json().get("fingerprint")
+            if got != want:
+                raise ProtocolError(f"{reader.base_url} serves target {got}, {self.base_url} serves {want}")
+        self._spread_checked = True
 
     def heads(self) -> TargetHeads:
         """The target's embed_tokens and lm_head (what a DFlash drafter borrows), as numpy arrays."""

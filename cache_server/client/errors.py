@@ -21,6 +21,8 @@ CacheClientError
 
 from __future__ import annotations
 
+import httpx
+
 from schemas.errors import ErrorCode
 
 
@@ -139,3 +141,17 @@ def error_class(status: int, code: str) -> type[ApiError]:
     if status >= 500 and status != 503:
         return ServerError
     return _BY_STATUS.get(status, ApiError)
+
+
+def raise_for_error(response: httpx.Response) -> None:
+    """Raise the typed error an unsuccessful response carries; return on success."""
+    if response.is_success:
+        return
+    try:
+        err = response.json()["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError):
+        raise ProtocolError(f"HTTP {response.status_code} without an error body: {response.text[:200]!r}") from None
+    retry = response.headers.get("Retry-After")
+    retry_after_s = float(retry) if retry is not None and retry.isdigit() else None
+    raise error_class(response.status_code, code)(response.status_code, code, message, retry_after_s)

@@ -54,8 +54,9 @@ class Blobs(Protocol):
     def get(self, key: str) -> bytes | None:
         """The whole object, or None."""
 
-    def put(self, key: str, data: bytes | memoryview) -> None:
-        """Create or replace the object, atomically and durably."""
+    def put(self, key: str, data: bytes | memoryview, *, create: bool = False) -> None:
+        """Create or replace the object, atomically and durably; with `create`, only create it
+        (FileExistsError if it exists: of two racing creators, exactly one wins)."""
 
     def delete(self, prefix: str) -> None:
         """Remove the object `prefix` and every object under `prefix/` (none is fine)."""
@@ -127,11 +128,11 @@ class LocalBlobs:
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
 
-    def put(self, key: str, data: bytes | memoryview) -> None:
-        """Written aside, fsynced and renamed over the file."""
+    def put(self, key: str, data: bytes | memoryview, *, create: bool = False) -> None:
+        """Written aside, fsynced and renamed over the file (hard-linked, for `create`)."""
         path = self.root / key
         path.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(path, data)
+        replace_file(path, data, exclusive=create)
 
     def delete(self, prefix: str) -> None:
         """The file, or the directory tree."""

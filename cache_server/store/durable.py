@@ -16,12 +16,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def replace_file(path: Path, payload: bytes | memoryview) -> None:
-    """Atomically replace `path`: write aside as `<name>.<uuid>.tmp`, fsync, rename, fsync the dir."""
+def replace_file(path: Path, payload: bytes | memoryview, *, exclusive: bool = False) -> None:
+    """Atomically replace `path`: write aside as `<name>.<uuid>.tmp`, fsync, rename, fsync the dir.
+    `exclusive`: create it only if absent (a hard link, which fails if `path` exists: FileExistsError)."""
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "wb") as f:
         f.write(payload)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    if exclusive:
+        try:
+            os.link(tmp, path)
+        finally:
+            tmp.unlink()
+    else:
+        os.replace(tmp, path)
     fsync_dir(path.parent)

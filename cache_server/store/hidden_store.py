@@ -7,7 +7,6 @@ manifest: `manifest.py`; orphans of interrupted writes: `recovery.py`.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,8 +39,6 @@ from cache_server.torch_utils import dtype_name
 from schemas.dtypes import DTYPE_NAMES
 from schemas.layers import LAYER_CONVENTION
 from schemas.safetensors_frame import numpy_dtype
-
-log = logging.getLogger(__name__)
 
 
 class HiddenStore:
@@ -92,11 +89,12 @@ class HiddenStore:
         )
         self._writers = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="hidden-store-write")
         self.blobs.delete(f"{fingerprint}/tmp")  # the staging area of stores written before: never written now
-        try:
-            sweep_orphans(self.blobs, self._prompts, self.manifest, grace_s=orphan_grace_s)
-        except BaseException:
-            self.close()
-            raise
+        self._closing = threading.Event()
+        # In the background (listing every prompt of an S3 store takes a while; readers never see
+        # orphans anyway); `swept` resolves to how many were removed.
+        self.swept = self._writers.submit(
+            sweep_orphans, self.blobs, self._prompts, self.manifest, grace_s=orphan_grace_s, stop=self._closing
+        )
 
     @property
     def namespace(self) -> str:
@@ -109,7 +107,8 @@ class HiddenStore:
         return numpy_dtype(self._dtype_name)
 
     def close(self) -> None:
-        """Stop the read and write pools."""
+        """Stop the orphan sweep and the read and write pools."""
+        self._closing.set()
         self._reader.close()
         self._writers.shutdown(wait=True)
 
@@ -286,7 +285,8 @@ class HiddenStore:
                 codec=chunks.describe(self._storage_dtype.itemsize), created_at=datetime.now(UTC).isoformat(),
                 greedy_mismatches=greedy_mismatches, layer_crc32=dict(sorted(new_layers.items())),
             )  # fmt: skip
-        hierarchy.publish_manifest(self.blobs, f"{self._prompts}/{prompt_id}", m.model_dump(mode="json"))
+        manifest = m.model_dump(mode="json")
+        hierarchy.publish_manifest(self.blobs, f"{self._prompts}/{prompt_id}", manifest, new=old is None)
         with self._guard:
             self._manifests[prompt_id] = m
         return m

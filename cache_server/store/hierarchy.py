@@ -14,6 +14,7 @@ from typing import Any
 
 from cache_server.store.blobs import Blobs
 from cache_server.store.chunks import ZARR_JSON
+from cache_server.store.manifest import StoreError
 
 OLD_MANIFEST = "manifest.json"  # the manifest object of stores written before the hierarchy
 
@@ -44,10 +45,14 @@ def manifest_text(blobs: Blobs, prompt: str) -> str | None:
     return json.dumps(manifest) if manifest is not None else None
 
 
-def publish_manifest(blobs: Blobs, prompt: str, manifest: dict[str, Any]) -> None:
-    """Write the prompt group, the last step of publishing: before it, readers see nothing new."""
+def publish_manifest(blobs: Blobs, prompt: str, manifest: dict[str, Any], *, new: bool = False) -> None:
+    """Write the prompt group, the last step of publishing: before it, readers see nothing new.
+    A `new` prompt's is only created: StoreError if another writer published it first (theirs stands)."""
     ensure_group(blobs, f"{prompt}/layers")
-    blobs.put(f"{prompt}/{ZARR_JSON}", group_json({"manifest": manifest}))
+    try:
+        blobs.put(f"{prompt}/{ZARR_JSON}", group_json({"manifest": manifest}), create=new)
+    except FileExistsError as e:
+        raise StoreError(f"{prompt} was published by another writer meanwhile") from e
 
 
 def migrate(blobs: Blobs, prompt: str) -> bool:

@@ -56,9 +56,8 @@ def put_prompt(
     blobs: Blobs, pool: Executor, prompt: str, layers: Mapping[int, np.ndarray], token_ids: np.ndarray | None
 ) -> dict[int, int]:
     """Write a prompt's new layer arrays on `pool`, and for a new prompt (`token_ids` given) its token
-    ids, after removing what an interrupted write left; returns the crc32 of each layer's zarr.json."""
-    if token_ids is not None:
-        blobs.delete(prompt)  # unpublished, so no reader can be using it
+    ids; returns the crc32 of each layer's zarr.json. Nothing else under `prompt` is touched: its
+    manifest, if another writer published one meanwhile, stands."""
     puts = {k: pool.submit(put_array, blobs, f"{prompt}/layers/{k}", a, compress=True) for k, a in layers.items()}
     if token_ids is not None:
         put_array(blobs, f"{prompt}/token_ids", token_ids, compress=False)

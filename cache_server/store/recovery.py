@@ -7,6 +7,7 @@ progress: only what has not changed for `grace_s` is an orphan. Readers never se
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -18,14 +19,31 @@ log = logging.getLogger(__name__)
 
 
 def sweep_orphans(
-    blobs: Blobs, prompts: str, manifest: Callable[[str], PromptManifest | None], *, grace_s: float
+    blobs: Blobs,
+    prompts: str,
+    manifest: Callable[[str], PromptManifest | None],
+    *,
+    grace_s: float,
+    stop: threading.Event | None = None,
 ) -> int:
     """Delete unpublished prompts, layers their manifest does not list and stray temporary files,
     all older than `grace_s`; migrate prompts of an older store to prompt groups. Returns how many
-    prefixes or files were removed."""
+    prefixes or files were removed; `stop` ends it early. Errors are logged, not raised."""
+    try:
+        return _sweep(blobs, prompts, manifest, grace_s, stop or threading.Event())
+    except Exception as e:  # the store stays usable; the next start sweeps again
+        log.error("orphan sweep of %s stopped: %s", prompts, e, exc_info=e)
+        return 0
+
+
+def _sweep(
+    blobs: Blobs, prompts: str, manifest: Callable[[str], PromptManifest | None], grace_s: float, stop: threading.Event
+) -> int:
     cutoff = datetime.now(UTC) - timedelta(seconds=grace_s)
     removed = _remove_temporaries(blobs, prompts, cutoff)
     for prompt_id in blobs.children(prompts):
+        if stop.is_set():
+            break
         base = f"{prompts}/{prompt_id}"
         try:
             m = manifest(prompt_id)

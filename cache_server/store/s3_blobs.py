@@ -58,11 +58,14 @@ class _S3Opened:
 
 @contextmanager
 def _s3_errors(key: str) -> Iterator[None]:
-    """obstore's errors as the store's: NotFound -> FileNotFoundError, the rest -> OSError."""
-    from obstore.exceptions import BaseError, NotFoundError
+    """obstore's errors as the store's: NotFound -> FileNotFoundError, AlreadyExists ->
+    FileExistsError, the rest -> OSError."""
+    from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError
 
     try:
         yield
+    except AlreadyExistsError as e:
+        raise FileExistsError(f"object {key!r} exists") from e
     except NotFoundError as e:
         raise FileNotFoundError(f"no object {key!r}") from e
     except BaseError as e:
@@ -92,12 +95,12 @@ class S3Blobs:
         except FileNotFoundError:
             return None
 
-    def put(self, key: str, data: bytes | memoryview) -> None:
-        """One PUT (S3 replaces an object atomically)."""
+    def put(self, key: str, data: bytes | memoryview, *, create: bool = False) -> None:
+        """One PUT (S3 replaces an object atomically); `create` sends `If-None-Match: *`."""
         import obstore
 
         with _s3_errors(key):
-            obstore.put(self._store, key, data, use_multipart=False)
+            obstore.put(self._store, key, data, use_multipart=False, mode="create" if create else "overwrite")
 
     def delete(self, prefix: str) -> None:
         """A listing, then batched DELETEs."""

@@ -28,11 +28,14 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def server(
-    tiny_target: Path, tmp_path_factory: pytest.TempPathFactory, sequences: Sequences
-) -> Iterator[tuple[str, list[str]]]:
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("server") / "store"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_target: Path, store: Path, sequences: Sequences) -> Iterator[tuple[str, list[str]]]:
     """A real server holding the test prompts with the target's greedy responses."""
-    with running_server(tiny_target, tmp_path_factory.mktemp("store")) as url, CacheClient(url) as client:
+    with running_server(tiny_target, store) as url, CacheClient(url) as client:
         specs = [
             {"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist()}
             for ids, n in zip(sequences.token_ids, sequences.prompt_lens, strict=True)
@@ -80,6 +83,24 @@ def test_evaluate_against_a_real_server_matches_in_process_ground_truth(
     assert report.summary.prompts_not_target_greedy == 0
     assert (report.step, report.layer_ids_source, report.target_layer_ids) == (120, "checkpoint", [1, 3, 5])
     assert (tmp_path / "heads").is_dir()  # heads cached by fingerprint for the next checkpoint
+
+
+def test_feature_requests_spread_over_several_servers_with_the_same_result(
+    server: tuple[str, list[str]], tiny_target: Path, store: Path, trained_drafter: DFlashDrafter, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    url, ids = server
+    ckpt = save_torch_checkpoint(tmp_path / "step_5.pt", trained_drafter, global_step=5, epoch=1)
+    monkeypatch.setenv("EVAL_WORKER_HEADS_CACHE", str(tmp_path / "heads"))
+    argv = ["evaluate", str(ckpt), "--all-prompts", "--device", "cpu", "--out"]
+    assert main([*argv, str(tmp_path / "one.json"), "--server", url]) == 0
+    with running_server(tiny_target, store) as second:  # the same store and database
+        before = [server_metric(u, HIDDEN_REQUESTS) for u in (url, second)]
+        assert main([*argv, str(tmp_path / "two.json"), "--server", f"{url},{second}"]) == 0
+        after = [server_metric(u, HIDDEN_REQUESTS) for u in (url, second)]
+    one, two = (EvalReport.model_validate_json((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert [p.model_dump() for p in two.prompts] == [p.model_dump() for p in one.prompts]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [len(ids) / 2, len(ids) / 2]
 
 
 def test_inferred_layers_are_reported(

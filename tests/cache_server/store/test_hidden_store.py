@@ -48,6 +48,7 @@ def open_store(store_root: str) -> Iterator[OpenStore]:
             **kw,  # type: ignore[arg-type]
         )
         opened.append(store)
+        store.swept.result()  # the orphan sweep runs in the background: let it finish
         return store
 
     yield _open
@@ -304,10 +305,10 @@ def test_failed_publish_leaves_nothing_visible(
     suffix = {"a chunk": "/layers/0/c/1/0", "an array's zarr.json": "/layers/0/zarr.json",
               "the manifest": "/p1/zarr.json"}[fails]  # fmt: skip
 
-    def crash(key: str, data: bytes | memoryview) -> None:
+    def crash(key: str, data: bytes | memoryview, *, create: bool = False) -> None:
         if key.endswith(suffix):
             raise OSError("disk full")
-        put(key, data)
+        put(key, data, create=create)
 
     monkeypatch.setattr(store.blobs, "put", crash)
     with pytest.raises(OSError, match="disk full"):
@@ -516,3 +517,19 @@ def test_a_store_written_before_the_hierarchy_is_read_and_migrated(open_store: O
     assert blobs.get(f"{prompt}/manifest.json") is None  # migrated on open
     root = zarr.open_group(store=blobs.zarr_store(ns), mode="r")
     assert root["prompts/p1"].attrs["manifest"]["layers"] == [0, 2]
+
+
+def test_a_new_prompt_is_published_once(open_store: OpenStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two writers that both took a prompt for new (the race capture leases prevent, unless one was
+    lost): the second's manifest is refused; arrays it overwrote are caught by their checksums."""
+    a, b = open_store(), open_store()
+    first = a.write("p1", TOKENS, 10, {3: make_layer(3, torch.bfloat16)})
+    monkeypatch.setattr(b, "manifest", lambda prompt_id, fresh=False: None)
+    with pytest.raises(StoreError, match="published by another writer"):
+        b.write("p1", TOKENS, 10, {3: make_layer(3, torch.bfloat16)})  # the same capture: same bytes
+    assert open_store().manifest("p1") == first
+    assert torch.equal(bits(read(open_store(), "p1", [3])), bits(make_layer(3, torch.bfloat16)))
+    with pytest.raises(StoreError, match="published by another writer"):
+        b.write("p1", TOKENS, 10, {3: make_layer(99, torch.bfloat16)})  # other bytes under the same keys
+    with pytest.raises(StoreCorrupt, match="checksum"):
+        read(open_store(), "p1", [3])
