@@ -6,8 +6,9 @@ Run from the repository root: `.venv/bin/python -m bench.capture_servers [--prom
 Each round starts the servers on a fresh store (a local directory and a SQLite file by default; with
 `--backend s3`, a prefix in moto's S3 on loopback and a Postgres database), registers the same
 prompts through the first server, and times registration to the last prompt ready. The target is a
-tiny random model on CPU, so the servers compete for this machine's cores: on a node with one GPU
-per server the target, not the CPU, is each server's limit.
+tiny random model on CPU, so the servers share this machine's cores: each server's torch gets
+`--server-threads` of them (OMP_NUM_THREADS, default 1), standing in for a GPU of its own; with
+more servers than cores they compete, as they would not on a node with one GPU per server.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tests.support.servers import server_metric
 
 def run(args: argparse.Namespace) -> None:
     load = os.getloadavg()[0]
+    os.environ["OMP_NUM_THREADS"] = str(args.server_threads)  # the servers inherit it
     with tempfile.TemporaryDirectory(prefix="capture-bench-") as tmp, ExitStack() as stack:
         model = build_tiny_model(Path(tmp) / "target", layers=args.layers, hidden=args.hidden, vocab=512, seed=0)
         if args.backend == "s3":
@@ -59,8 +61,8 @@ def run(args: argparse.Namespace) -> None:
             rows.append((n, wall, computed))
     print(
         f"capture of {args.prompts} prompts ({args.max_new_tokens} generated tokens each) by a "
-        f"{args.layers}-layer H={args.hidden} target on CPU, {args.backend} store; {os.cpu_count()} CPUs, "
-        f"load average {load:.1f} at start"
+        f"{args.layers}-layer H={args.hidden} target on CPU, {args.backend} store, {args.server_threads} torch "
+        f"thread(s) per server; {os.cpu_count()} CPUs, load average {load:.1f} at start"
     )
     print(f"{'servers':>8}{'s':>9}{'prompts/s':>11}{'x 1 server':>12}  computed per server")
     for n, wall, computed in rows:
@@ -75,6 +77,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--backend", choices=["local", "s3"], default="local")
+    p.add_argument("--server-threads", dest="server_threads", type=int, default=1)
     run(p.parse_args())
 
 

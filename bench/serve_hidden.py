@@ -46,6 +46,7 @@ from cache_server.compute.bodies import hidden_body
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.service import HiddenStateService
+from cache_server.coordination.database import Database
 from cache_server.settings import ServeSettings
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.ram_cache import RamCache
@@ -103,11 +104,14 @@ def open_store(root: Path | str, info: TargetInfo, read_threads: int, ram_cache_
     )
 
 
-def seed(root: Path | str, bins: Path, info: TargetInfo, layers: list[int], tokens: int, prompts: int) -> list[str]:
+def seed(
+    root: Path | str, db: str, bins: Path, info: TargetInfo, layers: list[int], tokens: int, prompts: int
+) -> list[str]:
     """Publish `prompts` prompts' layers and register them (so the service serves them without
     computing); also write the first one's raw layer bytes as `<k>.bin` for the plain-file baseline."""
     pids = []
     bins.mkdir()
+    registry = Registry(Database(db), info.fingerprint)
     with open_store(root, info, read_threads=1) as store:
         for i in range(prompts):
             gen = torch.Generator().manual_seed(i)
@@ -115,7 +119,7 @@ def seed(root: Path | str, bins: Path, info: TargetInfo, layers: list[int], toke
             pid = prompt_id_for(ids, None, None)
             data = {k: activation_like(tokens, info.hidden_size, info.dtype, seed=100 * i + k) for k in layers}
             store.write(pid, np.asarray(ids, dtype=np.int64), tokens, data)
-            Registry(store.blobs, f"{store.namespace}/requests").add(
+            registry.add(
                 Registration(prompt_id=pid, prompt_ids=ids, response_ids=None, max_new_tokens=None, name="bench")
             )
             pids.append(pid)
@@ -128,14 +132,18 @@ def seed(root: Path | str, bins: Path, info: TargetInfo, layers: list[int], toke
 # -- the server subprocess ----------------------------------------------------------------------
 
 
-def serve(store: str, port: int, hidden: int, dtype: str, read_threads: int, ram_cache_gb: float, stream: bool) -> None:
+def serve(
+    store: str, db: str, port: int, hidden: int, dtype: str, read_threads: int, ram_cache_gb: float, stream: bool
+) -> None:
     """`--serve`: the real app around the fixture target, plus a route serving a cached body."""
     info = fixture_info(hidden, dtype)
 
     def build(settings: ServeSettings) -> HiddenStateService:
         store = open_store(settings.store, info, settings.read_threads, ram_cache_gb)
         target: Any = FixtureTarget(info)  # duck-typed stand-in for Target
-        return HiddenStateService(target, store, capture_layers=[], metrics=Metrics(), stream_hidden=stream)
+        return HiddenStateService(
+            target, store, capture_layers=[], metrics=Metrics(), db=Database(db), stream_hidden=stream
+        )
 
     # `model` is never loaded: `build` supplies the target.
     settings = ServeSettings(model=Path("unused"), store=store, device="cpu", read_threads=read_threads)
@@ -157,11 +165,11 @@ def serve(store: str, port: int, hidden: int, dtype: str, read_threads: int, ram
 
 
 def bench_server(
-    args: argparse.Namespace, store: Path | str, log: Path, ram_cache_gb: float = 0.0, stream: bool = True
+    args: argparse.Namespace, store: Path | str, db: str, log: Path, ram_cache_gb: float = 0.0, stream: bool = True
 ) -> AbstractContextManager[str]:
     """`python -m bench.serve_hidden --serve ...` on a free loopback port; yields its URL, stopped on exit."""
     port = free_port()
-    cmd = [sys.executable, "-m", "bench.serve_hidden", "--serve", "--store", str(store)]
+    cmd = [sys.executable, "-m", "bench.serve_hidden", "--serve", "--store", str(store), "--db", db]
     cmd += ["--port", str(port), "--hidden", str(args.hidden), "--dtype", args.dtype]
     cmd += ["--read-threads", str(args.read_threads), "--ram-cache-gb", str(ram_cache_gb)]
     cmd += [] if stream else ["--no-stream"]
@@ -304,7 +312,8 @@ def run(args: argparse.Namespace) -> None:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="serve-hidden-bench-") as tmp, ExitStack() as stack:
         root, bins = Path(tmp) / "store", Path(tmp) / "bins"
-        pids = seed(root, bins, info, layers, args.tokens, args.prompts)
+        db = str(Path(tmp) / "coordination.sqlite")
+        pids = seed(root, db, bins, info, layers, args.tokens, args.prompts)
         pid = pids[0]
         store = stack.enter_context(open_store(root, info, args.read_threads))
         m = store.manifest(pid)
@@ -312,11 +321,11 @@ def run(args: argparse.Namespace) -> None:
             raise RuntimeError(f"the seeded prompt {pid} is not published")
         nbytes = hidden_body(store, m, layers, 0, m.num_tokens).buffer.nbytes
 
-        url = stack.enter_context(bench_server(args, root, Path(tmp) / "server.log"))
-        ram_url = stack.enter_context(bench_server(args, root, Path(tmp) / "ram.log", 2.0))
+        url = stack.enter_context(bench_server(args, root, db, Path(tmp) / "server.log"))
+        ram_url = stack.enter_context(bench_server(args, root, db, Path(tmp) / "ram.log", 2.0))
         client = stack.enter_context(CacheClient(url))
         ram_client = stack.enter_context(CacheClient(ram_url))
-        buffer_url = stack.enter_context(bench_server(args, root, Path(tmp) / "s.log", stream=False))
+        buffer_url = stack.enter_context(bench_server(args, root, db, Path(tmp) / "s.log", stream=False))
         buffer_client = stack.enter_context(CacheClient(buffer_url))
         ram_client.hidden(pid, layers)  # decoded once, kept
         plain = stack.enter_context(httpx.Client(base_url=url, timeout=120))
@@ -402,10 +411,13 @@ def main() -> None:
     p.add_argument("--no-stream", dest="stream", action="store_false", help=argparse.SUPPRESS)
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--store", help=argparse.SUPPRESS)
+    p.add_argument("--db", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        serve(args.store, args.port, args.hidden, args.dtype, args.read_threads, args.ram_cache_gb, args.stream)
+        serve(
+            args.store, args.db, args.port, args.hidden, args.dtype, args.read_threads, args.ram_cache_gb, args.stream
+        )
     else:
         run(args)
 

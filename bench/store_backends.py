@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> None:
         env = stack.enter_context(moto_server(Path(tmp) / "moto.log"))
         stack.enter_context(aws_environment(env))  # the servers inherit it
         roots = {"local disk": str(Path(tmp) / "store"), "S3 (moto)": fresh_prefix()}
-        pids = {name: seed(root, Path(tmp) / f"bins-{i}", info, layers, args.tokens, 1)[0]
+        dbs = {name: str(Path(tmp) / f"db-{i}.sqlite") for i, name in enumerate(roots)}
+        pids = {name: seed(root, dbs[name], Path(tmp) / f"bins-{i}", info, layers, args.tokens, 1)[0]
                 for i, (name, root) in enumerate(roots.items())}  # fmt: skip
         with open_store(roots["local disk"], info, args.read_threads) as store:
             m = store.manifest(pids["local disk"])
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> None:
             nbytes = hidden_body(store, m, layers, 0, m.num_tokens).buffer.nbytes
         paths: dict[str, Callable[[], object]] = {}
         for name, root in roots.items():
-            url = stack.enter_context(bench_server(args, root, Path(tmp) / f"{name.split()[0]}.log"))
+            url = stack.enter_context(bench_server(args, root, dbs[name], Path(tmp) / f"{name.split()[0]}.log"))
             client = stack.enter_context(CacheClient(url))
             pid = pids[name]
             assert client.hidden(pid, layers).hidden.shape == (args.tokens, len(layers) * args.hidden)

@@ -152,8 +152,40 @@ def test_every_variable_is_in_the_readme_table(raw: dict[str, Any]) -> None:
 # -- services against the code -------------------------------------------------------------------
 
 
-def test_services_are_the_two_processes(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == set(SETTINGS)
+SCALE_OUT = "scale-out"
+AWS_PASS_THROUGH = {"AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"}
+
+
+def _scale_out_servers(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in compose["services"].items() if n.startswith(f"{SERVER}-gpu")}
+
+
+def test_services_are_the_two_processes_and_the_scale_out_profile(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    default = {n for n, s in services.items() if "profiles" not in s}
+    assert default == set(SETTINGS)
+    profiled = set(services) - default
+    assert profiled == {*_scale_out_servers(compose), "postgres"} and len(profiled) >= 3
+    assert all(services[n]["profiles"] == [SCALE_OUT] for n in profiled)
+
+
+def test_scale_out_servers_each_have_a_gpu_a_name_and_a_port_and_wait_for_postgres(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    servers = {SERVER: services[SERVER], **_scale_out_servers(compose)}
+    devices = [s["deploy"]["resources"]["reservations"]["devices"][0] for s in _scale_out_servers(compose).values()]
+    assert sorted(d["device_ids"] for d in devices) == [[str(i)] for i in range(1, len(devices) + 1)]
+    names = [s["environment"]["CACHE_SERVER_INSTANCE"] for s in servers.values()]
+    ports = [s["ports"][0].rsplit(":", 2)[1] for s in servers.values()]
+    assert len(set(names)) == len(set(ports)) == len(servers)
+    own = ("environment", "ports", "deploy", "profiles", "depends_on")  # what a server's GPU and name set apart
+    for name, server in servers.items():
+        shared = {k: v for k, v in server.items() if k not in own}
+        assert shared == {k: v for k, v in services[SERVER].items() if k not in own}, f"{name} differs from {SERVER}"
+        assert server["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert {k: v for k, v in server["environment"].items() if k != "CACHE_SERVER_INSTANCE"} == {
+            k: v for k, v in services[SERVER]["environment"].items() if k != "CACHE_SERVER_INSTANCE"
+        }
+    assert "pg_isready" in services["postgres"]["healthcheck"]["test"]
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
@@ -170,6 +202,9 @@ def test_environment_names_are_settings_fields(compose: dict[str, Any], name: st
     env = compose["services"][name]["environment"]
     assert isinstance(env, dict), "use the mapping form of `environment`"
     for var in env:
+        if name == SERVER and var in AWS_PASS_THROUGH:
+            assert env[var] is None, f"{var} is passed through from the host, not set here"
+            continue
         assert var.startswith(prefix), f"{name} sets {var}, which {settings.__name__} never reads"
         field = var.removeprefix(prefix).lower()
         assert field in settings.model_fields, f"{var}: {settings.__name__} has no field {field!r}"
@@ -179,7 +214,8 @@ def test_environment_names_are_settings_fields(compose: dict[str, Any], name: st
 def test_environment_values_validate(compose: dict[str, Any], name: str, tmp_path: Path) -> None:
     """The settings class accepts what the service sets (paths that must exist are swapped for tmp)."""
     prefix, settings = SETTINGS[name]
-    given = {k.removeprefix(prefix).lower(): v for k, v in compose["services"][name]["environment"].items()}
+    env = compose["services"][name]["environment"]
+    given = {k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
     required = {f for f, info in settings.model_fields.items() if info.is_required()}
     assert required <= given.keys(), f"{name} leaves required settings unset"
     given = {f: v for f, v in given.items() if v is not None}  # passed through from the host

@@ -33,9 +33,15 @@ class PromptStates:
         return PromptStatus.pending
 
     def state(
-        self, prompt_id: str, *, with_tokens: bool = True, captures: dict[str, CaptureState] | None = None
+        self,
+        prompt_id: str,
+        *,
+        with_tokens: bool = True,
+        captures: dict[str, CaptureState] | None = None,
+        memberships: dict[str, list[str]] | None = None,
     ) -> PromptState:
-        """A prompt's status; listings leave out token_ids (a store read per prompt)."""
+        """A prompt's status; listings leave out token_ids (a store read per prompt) and pass in the
+        capture states and set memberships of all prompts, read once."""
         reg = self.registered(prompt_id)
         status = self.status(prompt_id, captures)
         manifest = self.store.manifest(prompt_id)
@@ -58,7 +64,7 @@ class PromptStates:
             num_tokens=num_tokens,
             token_ids=tokens,
             layers_stored=list(manifest.layers) if manifest else [],
-            sets=self.sets.of(prompt_id),
+            sets=memberships.get(prompt_id, []) if memberships is not None else self.sets.of(prompt_id),
             chat_template_sha256=reg.chat_template_sha256,
             enable_thinking=reg.enable_thinking,
             greedy_mismatches=manifest.greedy_mismatches if manifest else None,
@@ -75,7 +81,11 @@ class PromptStates:
             regs = [r for p in self.set_members(set_name) if (r := self.registry.get(p)) is not None]
         if status is not None:
             regs = [r for r in regs if self.status(r.prompt_id, captures) == status]
-        states = [self.state(r.prompt_id, with_tokens=False, captures=captures) for r in regs[offset : offset + limit]]
+        memberships = self.sets.memberships()
+        states = [
+            self.state(r.prompt_id, with_tokens=False, captures=captures, memberships=memberships)
+            for r in regs[offset : offset + limit]
+        ]
         return PromptPage(prompts=states, total=len(regs), offset=offset, limit=limit)
 
     def evaluable_prompt_ids(self, sets: Sequence[str] = ()) -> list[str]:

@@ -57,6 +57,12 @@ class SetRegistry:
         with self._lock:
             return sorted(self._of.get(prompt_id, []))
 
+    def memberships(self) -> dict[str, list[str]]:
+        """Every prompt's sets (for listings: one catch-up, not one per prompt)."""
+        self._catch_up()
+        with self._lock:
+            return {p: sorted(names) for p, names in self._of.items()}
+
     def _catch_up(self) -> None:
         with self._lock:
             table = SET_MEMBERS
