@@ -21,9 +21,9 @@ import torch
 
 from cache_server.capture.fingerprint import target_fingerprint
 from cache_server.capture.tiny_model import build_tiny_model
+from cache_server.compute.instances import DEFAULT_DB_FILE
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.coordination.database import Database
-from cache_server.settings import JOBS_FILE
 from cache_server.store.hidden_store import HiddenStore
 from tests.support.servers import free_port, running_child
 
@@ -35,7 +35,7 @@ def fill(store_dir: Path, model: Path, n: int) -> None:
     fingerprint = target_fingerprint(model, "float32")
     with HiddenStore(store_dir, fingerprint=fingerprint, model_name=model.name, hidden_size=64,
                      dtype=torch.float32) as store:  # fmt: skip
-        registry = Registry(Database(str(store_dir / JOBS_FILE)), fingerprint)  # the server's default database
+        registry = Registry(Database(str(store_dir / DEFAULT_DB_FILE)), fingerprint)  # the server's default database
         layer = torch.zeros(TOKENS, 64)
         for i in range(n):
             ids = tuple(int(x) for x in np.random.default_rng(i).integers(3, 400, TOKENS))

@@ -67,8 +67,13 @@ def _tiny_model(out_dir: Path, tiny: TinyModelSettings) -> int:
 def _check_startable(settings: ServeSettings) -> None:
     """Fail before the server starts, with one line, on what would otherwise be a startup traceback."""
     from cache_server.capture.target import check_model_dir
+    from cache_server.coordination.database import database_url
     from cache_server.torch_utils import resolve_device
 
+    if settings.db:
+        database_url(settings.db)  # a scheme it cannot open
+    elif settings.store.startswith("s3://"):
+        raise ValueError("--db is required with an s3:// store (the coordination database cannot live in a bucket)")
     check_model_dir(settings.model)
     resolve_device(settings.device)
 

@@ -11,7 +11,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from schemas.dtypes import DeviceName, DTypeName
 from schemas.layers import layer_list_problem, parse_layer_list
 
-JOBS_FILE = "jobs.sqlite"  # the default coordination database, in a local store
 _CLI = {"cli_kebab_case": True, "cli_hide_none_type": True, "cli_avoid_json": True, "cli_implicit_flags": True}
 
 
@@ -81,14 +80,6 @@ class ServeSettings(BaseSettings):
         if isinstance(v, str) and "://" in v and not v.startswith("s3://"):
             raise ValueError(f"store must be a directory or an s3://bucket/prefix URL, got {v!r}")
         return v
-
-    def db_location(self) -> str:
-        """The coordination database: `--db`, or SQLite next to a local store."""
-        if self.db is not None:
-            return self.db
-        if self.store.startswith("s3://"):
-            raise ValueError("--db is required with an s3:// store (a database cannot live in a bucket)")
-        return str(Path(self.store) / JOBS_FILE)
 
     @field_validator("checkpoint_root")
     @classmethod

@@ -51,7 +51,7 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
         store,
         capture_layers=settings.capture_layer_ids(target.info.num_layers),
         metrics=metrics,
-        db=Database(settings.db_location()),
+        db=Database(settings.db) if settings.db else None,  # None: SQLite next to a local store
         instance=settings.instance,
         capture_lease_s=settings.capture_lease_s,
         batch_tokens=settings.batch_tokens,

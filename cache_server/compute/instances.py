@@ -10,11 +10,12 @@ import socket
 
 from cache_server.compute.registry import Registration, Registry
 from cache_server.compute.sets import SetRegistry
-from cache_server.settings import JOBS_FILE
 from cache_server.store.blobs import LocalBlobs
 from cache_server.store.hidden_store import HiddenStore
 
 log = logging.getLogger(__name__)
+
+DEFAULT_DB_FILE = "jobs.sqlite"  # the coordination database of a local store, by default
 
 
 def default_instance() -> str:
@@ -26,7 +27,7 @@ def default_db_location(store: HiddenStore) -> str:
     """SQLite next to a local store; an S3 store needs a database named explicitly."""
     if not isinstance(store.blobs, LocalBlobs):
         raise ValueError(f"store {store.blobs.location}: a coordination database (--db) is required with an S3 store")
-    return str(store.blobs.root / JOBS_FILE)
+    return str(store.blobs.root / DEFAULT_DB_FILE)
 
 
 def import_store_registrations(store: HiddenStore, registry: Registry, sets: SetRegistry) -> None:

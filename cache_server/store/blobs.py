@@ -113,10 +113,6 @@ class LocalBlobs:
         self.root.mkdir(parents=True, exist_ok=True)
         self.location = str(self.root)
 
-    def path(self, key: str) -> Path:
-        """The file of `key`."""
-        return self.root / key
-
     def open(self, key: str) -> Opened:
         """The file, for pread."""
         return _LocalOpened(self.root / key)

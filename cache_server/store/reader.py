@@ -102,7 +102,7 @@ class LayerReader:
         self, m: PromptManifest, layers: Sequence[int], start: int, stop: int
     ) -> list[list[EncodedPiece] | None]:
         """Per layer, rows start:stop as stored (see `ChunkReader.encoded`), read on the pool; None for a
-        layer not laid out as `chunks.write_array` writes it (the caller decodes those)."""
+        layer not laid out as `chunks.array_objects` writes it (the caller decodes those)."""
         plans: list[list[tuple[int, int, Future[tuple[str, memoryview, int]]]] | None] = []
         for k in layers:
             blosc = self._layer_array(m, k)

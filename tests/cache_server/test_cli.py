@@ -26,6 +26,12 @@ def test_bad_options_exit_2_with_a_message(tmp_path: Path, capsys: pytest.Captur
     assert main(["tiny-model", str(tmp_path / "m"), "--vocab", "10"]) == 2
     assert "--vocab must be at least" in capsys.readouterr().err
     assert main(["serve", "--model", str(tmp_path), "--store", str(tmp_path), "--capture-layers", "1,x"]) == 2
+    assert main(["serve", "--model", str(tmp_path), "--store", "s3://bucket/prefix"]) == 2
+    assert "--db is required with an s3:// store" in capsys.readouterr().err
+    assert main(["serve", "--model", str(tmp_path), "--store", str(tmp_path), "--db", "mysql://h/db"]) == 2
+    assert "use a SQLite path, sqlite:///path or postgresql://" in capsys.readouterr().err
+    assert main(["serve", "--model", str(tmp_path), "--store", "gs://bucket"]) == 2
+    assert "s3://bucket/prefix" in capsys.readouterr().err
 
 
 def test_serve_refuses_a_missing_model_or_gpu_before_starting(
