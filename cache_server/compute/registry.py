@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import func, select
@@ -55,15 +56,20 @@ class Registry:
 
     def add(self, reg: Registration) -> bool:
         """Persist a registration; False if the id was already registered (a no-op)."""
-        table = REGISTRATIONS
+        return reg.prompt_id in self.add_many([reg])
+
+    def add_many(self, regs: Sequence[Registration]) -> set[str]:
+        """Persist registrations in one transaction; the ids that were not registered before."""
+        table, wanted = REGISTRATIONS, {r.prompt_id: r for r in regs}
         with self._db.transaction() as c:
             mine = table.c.namespace == self._ns
-            if c.execute(select(table.c.seq).where(mine, table.c.prompt_id == reg.prompt_id)).first() is not None:
-                return False
-            seq = c.execute(select(func.coalesce(func.max(table.c.seq), 0) + 1).where(mine)).scalar_one()
-            c.execute(table.insert().values(namespace=self._ns, prompt_id=reg.prompt_id, seq=seq,
-                                            body=reg.model_dump_json()))  # fmt: skip
-        return True
+            there = set(c.scalars(select(table.c.prompt_id).where(mine, table.c.prompt_id.in_(list(wanted)))))
+            new = [r for pid, r in wanted.items() if pid not in there]
+            seq = c.execute(select(func.coalesce(func.max(table.c.seq), 0)).where(mine)).scalar_one()
+            if new:
+                c.execute(table.insert(), [{"namespace": self._ns, "prompt_id": r.prompt_id, "seq": seq + i,
+                                            "body": r.model_dump_json()} for i, r in enumerate(new, 1)])  # fmt: skip
+        return {r.prompt_id for r in new}
 
     def get(self, prompt_id: str) -> Registration | None:
         """The registration of `prompt_id`, or None."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -95,17 +95,34 @@ class Scheduler:
 
     # -- requests and failures ------------------------------------------------------------------
 
-    def request(self, reg: Registration, layers: Sequence[int], *, retry_failed: bool = False) -> None:
+    def request(self, reg: Registration, layers: Sequence[int]) -> None:
         """Make sure some server will compute the `layers` of `reg` that are not stored (for a new
         prompt, the capture layers too); PromptFailed if the target failed on it."""
-        manifest = self.store.manifest(reg.prompt_id, fresh=True)
-        wanted = set(layers) - set(manifest.layers) if manifest is not None else {*layers, *self.capture_layers}
+        self.request_many([reg], layers)
+
+    def request_many(
+        self,
+        regs: Sequence[Registration],
+        layers: Sequence[int],
+        *,
+        retry_failed: bool = False,
+        unstored: Collection[str] = (),
+    ) -> None:
+        """`request` for many prompts in one transaction; `retry_failed` (a registration) queues failed
+        ones again; `unstored`: ids known to have nothing stored, whose manifests are not read."""
+        wanted: dict[str, set[int]] = {}
+        for reg in regs:
+            manifest = None if reg.prompt_id in unstored else self.store.manifest(reg.prompt_id, fresh=True)
+            missing = set(layers) - set(manifest.layers) if manifest is not None else {*layers, *self.capture_layers}
+            if missing:
+                wanted[reg.prompt_id] = missing
         if not wanted:
             return
-        state = self.captures.request(reg.prompt_id, wanted, retry_failed=retry_failed)
-        if state.status == "failed":
-            raise PromptFailed(f"prompt {reg.prompt_id} failed: {state.error}")
+        states = self.captures.request_many(wanted, retry_failed=retry_failed)
         self._wake.set()
+        for prompt_id, state in states.items():
+            if state.status == "failed":
+                raise PromptFailed(f"prompt {prompt_id} failed: {state.error}")
 
     def finished(self, prompt_id: str) -> Future[None]:
         """Resolves when this server next finishes `prompt_id` (published or failed)."""

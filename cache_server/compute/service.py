@@ -83,9 +83,10 @@ class HiddenStateService:
         taken over first, and so is whatever was registered but never captured)."""
         import_store_registrations(self.store, self.registry, self.sets)
         captures = self.prompts.captures.states()
-        for reg in self.registry.all():
-            if reg.prompt_id not in captures and self.store.manifest(reg.prompt_id) is None:
-                self.scheduler.request(reg, self.capture_layers)
+        todo = [
+            r for r in self.registry.all() if r.prompt_id not in captures and self.store.manifest(r.prompt_id) is None
+        ]
+        self.scheduler.request_many(todo, self.capture_layers, unstored={r.prompt_id for r in todo})
         self.scheduler.start()
 
     def close(self) -> None:
@@ -116,11 +117,10 @@ class HiddenStateService:
     def register(self, specs: Sequence[PromptSpec], generate: GenerateSpec | None) -> list[RegisteredPrompt]:
         """Validate every prompt first (all or nothing), then queue the new ones (and failed ones again)."""
         regs = [self._registration(spec, generate) for spec in specs]
-        out = []
-        for reg in regs:
-            self.registry.add(reg)
-            self.scheduler.request(reg, self.capture_layers, retry_failed=True)  # nothing if already stored
-            out.append(RegisteredPrompt(prompt_id=reg.prompt_id, status=self.prompts.status(reg.prompt_id)))
+        new = self.registry.add_many(regs)  # one transaction for all, and one for their capture work
+        self.scheduler.request_many(regs, self.capture_layers, retry_failed=True, unstored=new)
+        captures = self.prompts.captures.states()
+        out = [RegisteredPrompt(prompt_id=r.prompt_id, status=self.prompts.status(r.prompt_id, captures)) for r in regs]
         for name in dict.fromkeys(n for spec in specs for n in spec.sets):
             self.sets.add(name, [r.prompt_id for r, spec in zip(regs, specs, strict=True) if name in spec.sets])
         return out

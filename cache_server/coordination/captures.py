@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, Connection, and_, func, or_, select
@@ -57,27 +57,36 @@ class CaptureQueue:
     def request(self, prompt_id: str, layers: Iterable[int], *, retry_failed: bool = False) -> CaptureState:
         """Ask for `layers` of a prompt: queued, unless a queued or running capture covers them.
         A failed prompt stays failed unless `retry_failed` (a re-registration)."""
-        wanted = sorted(set(layers))
+        return self.request_many({prompt_id: layers}, retry_failed=retry_failed)[prompt_id]
+
+    def request_many(
+        self, wanted: Mapping[str, Iterable[int]], *, retry_failed: bool = False
+    ) -> dict[str, CaptureState]:
+        """`request` for many prompts in one transaction; each prompt's state after it."""
         with self.db.transaction() as c:
-            row = self._row(c, prompt_id)
-            if row is None:
-                c.execute(CAPTURES.insert().values(
-                    namespace=self.namespace, prompt_id=prompt_id, seq=self._next_seq(c), status="queued",
-                    layers=json.dumps(wanted), more="[]", attempts=0, published=False,
-                ))  # fmt: skip
-            elif row.status == "failed" and not retry_failed:
-                pass
-            elif row.status == "running":
-                more = sorted(set(json.loads(row.more)) | (set(wanted) - set(json.loads(row.layers))))
-                self._update(c, prompt_id, more=json.dumps(more))
-            elif row.status == "queued":
-                self._update(c, prompt_id, layers=json.dumps(sorted(set(json.loads(row.layers)) | set(wanted))))
-            elif wanted:  # done (or a failure retried): a new capture
-                self._update(c, prompt_id, status="queued", layers=json.dumps(wanted), more="[]", error=None,
-                             attempts=0, owner=None, lease_expires_at=None, seq=self._next_seq(c))  # fmt: skip
-            state = self._state(c, prompt_id)
-            assert state is not None  # inserted above if it was not there
-            return state
+            rows = {r.prompt_id: r for r in c.execute(select(CAPTURES).where(
+                CAPTURES.c.namespace == self.namespace, CAPTURES.c.prompt_id.in_(list(wanted))))}  # fmt: skip
+            seq = self._max_seq(c)
+            for prompt_id, asked in wanted.items():
+                layers, row = sorted(set(asked)), rows.get(prompt_id)
+                if row is None:
+                    seq += 1
+                    c.execute(CAPTURES.insert().values(
+                        namespace=self.namespace, prompt_id=prompt_id, seq=seq, status="queued",
+                        layers=json.dumps(layers), more="[]", attempts=0, published=False,
+                    ))  # fmt: skip
+                elif row.status == "failed" and not retry_failed:
+                    pass
+                elif row.status == "running":
+                    more = sorted(set(json.loads(row.more)) | (set(layers) - set(json.loads(row.layers))))
+                    self._update(c, prompt_id, more=json.dumps(more))
+                elif row.status == "queued":
+                    self._update(c, prompt_id, layers=json.dumps(sorted(set(json.loads(row.layers)) | set(layers))))
+                elif layers:  # done (or a failure retried): a new capture
+                    seq += 1
+                    self._update(c, prompt_id, status="queued", layers=json.dumps(layers), more="[]", error=None,
+                                 attempts=0, owner=None, lease_expires_at=None, seq=seq)  # fmt: skip
+            return {p: self._state(c, p) for p in wanted}  # type: ignore[misc]  # each exists now
 
     def claim(self) -> Claimed | None:
         """The oldest queued capture, or a running one whose lease expired, now held by this server."""
@@ -180,8 +189,8 @@ class CaptureQueue:
             .values(**values)
         )
 
-    def _next_seq(self, c: Connection) -> int:
+    def _max_seq(self, c: Connection) -> int:
         seq: int = c.execute(
-            select(func.coalesce(func.max(CAPTURES.c.seq), 0) + 1).where(CAPTURES.c.namespace == self.namespace)
+            select(func.coalesce(func.max(CAPTURES.c.seq), 0)).where(CAPTURES.c.namespace == self.namespace)
         ).scalar_one()
         return seq
