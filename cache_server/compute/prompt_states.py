@@ -43,6 +43,10 @@ class PromptStates:
         """A prompt's status; listings leave out token_ids (a store read per prompt) and pass in the
         capture states and set memberships of all prompts, read once."""
         reg = self.registered(prompt_id)
+        if captures is None:  # one prompt: its capture state alone, read once for status and error
+            capture = self.captures.state(prompt_id)
+            captures = {prompt_id: capture} if capture is not None else {}
+        capture = captures.get(prompt_id)
         status = self.status(prompt_id, captures)
         manifest = self.store.manifest(prompt_id)
         tokens: list[int] | None = None
@@ -55,7 +59,6 @@ class PromptStates:
             tokens = list(reg.prompt_ids) + list(reg.response_ids) if with_tokens else None
         else:
             num_tokens = None  # the response is not generated yet
-        capture = captures.get(prompt_id) if captures is not None else self.captures.state(prompt_id)
         return PromptState(
             prompt_id=prompt_id,
             name=reg.name,

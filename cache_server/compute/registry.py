@@ -13,9 +13,9 @@ import threading
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import func, select
+from sqlalchemy import select
 
-from cache_server.coordination.database import Database
+from cache_server.coordination.database import Database, max_seq
 from cache_server.coordination.tables import REGISTRATIONS
 
 
@@ -65,7 +65,7 @@ class Registry:
             mine = table.c.namespace == self._ns
             there = set(c.scalars(select(table.c.prompt_id).where(mine, table.c.prompt_id.in_(list(wanted)))))
             new = [r for pid, r in wanted.items() if pid not in there]
-            seq = c.execute(select(func.coalesce(func.max(table.c.seq), 0)).where(mine)).scalar_one()
+            seq = max_seq(c, table.c.seq, mine)
             if new:
                 c.execute(table.insert(), [{"namespace": self._ns, "prompt_id": r.prompt_id, "seq": seq + i,
                                             "body": r.model_dump_json()} for i, r in enumerate(new, 1)])  # fmt: skip

@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from cache_server.compute.registry import Registration, Registry
 from cache_server.coordination.captures import CaptureQueue
 from cache_server.errors import PromptFailed
 from cache_server.store.hidden_store import HiddenStore
+from cache_server.store.manifest import PromptManifest
 
 log = logging.getLogger(__name__)
 
@@ -95,24 +97,22 @@ class Scheduler:
 
     # -- requests and failures ------------------------------------------------------------------
 
-    def request(self, reg: Registration, layers: Sequence[int]) -> None:
-        """Make sure some server will compute the `layers` of `reg` that are not stored (for a new
-        prompt, the capture layers too); PromptFailed if the target failed on it."""
-        self.request_many([reg], layers)
-
     def request_many(
         self,
         regs: Sequence[Registration],
         layers: Sequence[int],
         *,
         retry_failed: bool = False,
-        unstored: Collection[str] = (),
+        known: Mapping[str, PromptManifest | None] = MappingProxyType({}),
     ) -> None:
-        """`request` for many prompts in one transaction; `retry_failed` (a registration) queues failed
-        ones again; `unstored`: ids known to have nothing stored, whose manifests are not read."""
+        """Make sure some server will compute the `layers` of each of `regs` that are not stored (for a
+        new prompt, the capture layers too), in one transaction; PromptFailed if the target failed on
+        one. `retry_failed` (a registration) queues failed ones again; `known`: manifests the caller
+        just read (None: nothing stored), not read again."""
         wanted: dict[str, set[int]] = {}
         for reg in regs:
-            manifest = None if reg.prompt_id in unstored else self.store.manifest(reg.prompt_id, fresh=True)
+            pid = reg.prompt_id
+            manifest = known[pid] if pid in known else self.store.manifest(pid, fresh=True)
             missing = set(layers) - set(manifest.layers) if manifest is not None else {*layers, *self.capture_layers}
             if missing:
                 wanted[reg.prompt_id] = missing

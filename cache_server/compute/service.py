@@ -86,7 +86,7 @@ class HiddenStateService:
         todo = [
             r for r in self.registry.all() if r.prompt_id not in captures and self.store.manifest(r.prompt_id) is None
         ]
-        self.scheduler.request_many(todo, self.capture_layers, unstored={r.prompt_id for r in todo})
+        self.scheduler.request_many(todo, self.capture_layers, known=dict.fromkeys(r.prompt_id for r in todo))
         self.scheduler.start()
 
     def close(self) -> None:
@@ -118,7 +118,7 @@ class HiddenStateService:
         """Validate every prompt first (all or nothing), then queue the new ones (and failed ones again)."""
         regs = [self._registration(spec, generate) for spec in specs]
         new = self.registry.add_many(regs)  # one transaction for all, and one for their capture work
-        self.scheduler.request_many(regs, self.capture_layers, retry_failed=True, unstored=new)
+        self.scheduler.request_many(regs, self.capture_layers, retry_failed=True, known=dict.fromkeys(new))
         captures = self.prompts.captures.states()
         out = [RegisteredPrompt(prompt_id=r.prompt_id, status=self.prompts.status(r.prompt_id, captures)) for r in regs]
         for name in dict.fromkeys(n for spec in specs for n in spec.sets):
@@ -178,12 +178,16 @@ class HiddenStateService:
     async def ensure(self, prompt_id: str, layers: Sequence[int]) -> PromptManifest:
         """The published manifest once it holds `layers`, computed at most once across the servers
         on the store: woken when this server finishes the prompt, polling for the others."""
-        reg = self.prompts.registered(prompt_id)
+        # Off the event loop: a registration added by another server, or a manifest not read yet, is a
+        # database or store read.
+        reg = await asyncio.to_thread(self.prompts.registered, prompt_id)
         deadline = time.monotonic() + self._wait_s
-        manifest = self.store.manifest(prompt_id)
+        manifest = await asyncio.to_thread(self.store.manifest, prompt_id)
+        fresh = False  # whether `manifest` was just read from the store (else it may be a stale copy)
         while manifest is None or not set(layers) <= set(manifest.layers):
             finished = self.scheduler.finished(prompt_id)  # before asking, so that no wake-up is missed
-            await asyncio.to_thread(self.scheduler.request, reg, layers)
+            known = {prompt_id: manifest} if fresh else {}
+            await asyncio.to_thread(self.scheduler.request_many, [reg], layers, known=known)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PromptNotReady(
@@ -191,7 +195,7 @@ class HiddenStateService:
                 )
             with contextlib.suppress(TimeoutError):  # shield: a waiter timing out must not cancel it
                 await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(finished)), min(remaining, _POLL_S))
-            manifest = await asyncio.to_thread(self.store.manifest, prompt_id, fresh=True)
+            manifest, fresh = await asyncio.to_thread(self.store.manifest, prompt_id, fresh=True), True
         return manifest
 
     def hidden_body(self, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> FramedBody:

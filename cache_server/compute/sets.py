@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
-from cache_server.coordination.database import Database
+from cache_server.coordination.database import Database, max_seq
 from cache_server.coordination.tables import SET_MEMBERS
 
 
@@ -32,7 +32,7 @@ class SetRegistry:
         with self._db.transaction() as c:
             mine = table.c.namespace == self._ns
             there = set(c.scalars(select(table.c.prompt_id).where(mine, table.c.set_name == name)))
-            seq = c.execute(select(func.coalesce(func.max(table.c.seq), 0)).where(mine)).scalar_one()
+            seq = max_seq(c, table.c.seq, mine)
             new = [p for p in wanted if p not in there]
             if new:
                 c.execute(table.insert(), [{"namespace": self._ns, "set_name": name, "prompt_id": p,

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Connection, and_, func, or_, select
+from sqlalchemy import ColumnElement, Connection, and_, or_, select
 
-from cache_server.coordination.database import Database
+from cache_server.coordination.database import Database, max_seq
 from cache_server.coordination.tables import CAPTURES
 
 
@@ -66,7 +66,7 @@ class CaptureQueue:
         with self.db.transaction() as c:
             rows = {r.prompt_id: r for r in c.execute(select(CAPTURES).where(
                 CAPTURES.c.namespace == self.namespace, CAPTURES.c.prompt_id.in_(list(wanted))))}  # fmt: skip
-            seq = self._max_seq(c)
+            seq = max_seq(c, CAPTURES.c.seq, CAPTURES.c.namespace == self.namespace)
             for prompt_id, asked in wanted.items():
                 layers, row = sorted(set(asked)), rows.get(prompt_id)
                 if row is None:
@@ -188,9 +188,3 @@ class CaptureQueue:
             .where(CAPTURES.c.namespace == self.namespace, CAPTURES.c.prompt_id == prompt_id)
             .values(**values)
         )
-
-    def _max_seq(self, c: Connection) -> int:
-        seq: int = c.execute(
-            select(func.coalesce(func.max(CAPTURES.c.seq), 0)).where(CAPTURES.c.namespace == self.namespace)
-        ).scalar_one()
-        return seq

@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, MetaData, create_engine, event, func, select
+from sqlalchemy import ColumnElement, Connection, MetaData, create_engine, event, func, select
 from sqlalchemy.engine import make_url
+from sqlalchemy.sql.schema import Column
 
 METADATA = MetaData()
 _ADVISORY_LOCK = 0x6873_6300  # one Postgres advisory lock id for every coordination transaction
@@ -65,6 +66,13 @@ class Database:
     def close(self) -> None:
         """Close the pooled connections."""
         self.engine.dispose()
+
+
+def max_seq(c: Connection, seq: Column[int], *where: ColumnElement[bool]) -> int:
+    """The largest `seq` of the rows matching `where` (0 if none): inside a serialized transaction,
+    `max_seq + 1` is the next insertion's place, so every table's `seq` is its insertion order."""
+    found: int = c.execute(select(func.coalesce(func.max(seq), 0)).where(*where)).scalar_one()
+    return found
 
 
 def _sqlite_connect(dbapi_connection: Any, _record: object) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Text, and_, cast, func, literal, or_, select
 
-from cache_server.coordination.database import Database
+from cache_server.coordination.database import Database, max_seq
 from cache_server.errors import JobFailed, JobNotFound, JobRunning, LeaseLost, ReportNotReady
 from cache_server.jobs.rows import JOBS, MIGRATIONS, SCHEMA_VERSION, STATE_COLUMNS, job_state
 from schemas.jobs import JobPage, JobState, JobStatus, JobSubmit
@@ -81,7 +81,7 @@ class JobStore:
         """Queue a job; `spec.checkpoint` must already be the resolved path the worker will open."""
         job_id = uuid.uuid4().hex
         with self._write() as c:
-            seq = c.execute(select(func.coalesce(func.max(JOBS.c.seq), 0) + 1)).scalar_one()
+            seq = max_seq(c, JOBS.c.seq) + 1
             c.execute(
                 JOBS.insert().values(
                     job_id=job_id,

@@ -48,7 +48,8 @@ def manifest_text(blobs: Blobs, prompt: str) -> str | None:
 def publish_manifest(blobs: Blobs, prompt: str, manifest: dict[str, Any], *, new: bool = False) -> None:
     """Write the prompt group, the last step of publishing: before it, readers see nothing new.
     A `new` prompt's is only created: StoreError if another writer published it first (theirs stands)."""
-    ensure_group(blobs, f"{prompt}/layers")
+    if new:  # a prompt published before has its layers group
+        blobs.put(f"{prompt}/layers/{ZARR_JSON}", group_json())
     try:
         blobs.put(f"{prompt}/{ZARR_JSON}", group_json({"manifest": manifest}), create=new)
     except FileExistsError as e:
@@ -60,6 +61,7 @@ def migrate(blobs: Blobs, prompt: str) -> bool:
     old = blobs.get(f"{prompt}/{OLD_MANIFEST}")
     if old is None or blobs.get(f"{prompt}/{ZARR_JSON}") is not None:
         return False
+    ensure_group(blobs, f"{prompt}/layers")
     publish_manifest(blobs, prompt, json.loads(old))
     blobs.delete(f"{prompt}/{OLD_MANIFEST}")
     return True

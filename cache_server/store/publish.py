@@ -45,6 +45,10 @@ def put_array(blobs: Blobs, key: str, data: np.ndarray, *, compress: bool) -> in
     """Write `data` as a Zarr array at `key` (whatever an interrupted write left there is removed
     first: nothing lists it); returns the crc32 of its zarr.json, for the manifest."""
     blobs.delete(key)
+    return _write_array(blobs, key, data, compress=compress)
+
+
+def _write_array(blobs: Blobs, key: str, data: np.ndarray, *, compress: bool) -> int:
     meta, encoded = chunks.array_objects(data, compress=compress)
     for c, payload in enumerate(encoded):
         blobs.put(chunks.chunk_key(key, c, data.ndim), payload)
@@ -58,7 +62,13 @@ def put_prompt(
     """Write a prompt's new layer arrays on `pool`, and for a new prompt (`token_ids` given) its token
     ids; returns the crc32 of each layer's zarr.json. Nothing else under `prompt` is touched: its
     manifest, if another writer published one meanwhile, stands."""
-    puts = {k: pool.submit(put_array, blobs, f"{prompt}/layers/{k}", a, compress=True) for k, a in layers.items()}
+    keys = {k: f"{prompt}/layers/{k}" for k in layers}
+    tokens_key = f"{prompt}/token_ids"
+    targets = [*keys.values(), tokens_key] if token_ids is not None else list(keys.values())
+    # One listing finds what interrupted writes left under the arrays about to be written.
+    for key in {key for o in blobs.objects(prompt) for key in targets if o.key.startswith(f"{key}/")}:
+        blobs.delete(key)
+    puts = {k: pool.submit(_write_array, blobs, keys[k], a, compress=True) for k, a in layers.items()}
     if token_ids is not None:
-        put_array(blobs, f"{prompt}/token_ids", token_ids, compress=False)
+        _write_array(blobs, tokens_key, token_ids, compress=False)
     return {k: f.result() for k, f in puts.items()}
