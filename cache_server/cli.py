@@ -81,12 +81,18 @@ def _check_startable(settings: ServeSettings) -> None:
 def _serve(settings: ServeSettings) -> int:
     import uvicorn
 
-    from cache_server.api.app import create_app
+    from cache_server.api.app import build_service, create_app
     from cache_server.api.http_protocol import JsonErrorHttpProtocol
+    from cache_server.generation.engine import EngineUnfit
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # before the port opens: an engine that cannot generate this target's responses stops the start
+        service = build_service(settings)
+    except EngineUnfit as e:
+        print(f"cache-server: {e}", file=sys.stderr)
+        return 2
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, build=lambda _: service),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

@@ -3,6 +3,7 @@ environment variable (`CACHE_SERVER_CAPTURE_LAYERS`); the command line wins."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
@@ -55,6 +56,22 @@ class ServeSettings(BaseSettings):
         default="all", description="'all' or a comma-separated superset of the layers that will be asked for"
     )
     batch_tokens: int = Field(default=8192, ge=1, description="tokens per batched target forward")
+    generator: str = Field(
+        default="hf",
+        description="who generates responses: 'hf' (the target in-process) or the URL of an OpenAI-compatible "
+        "engine serving the same model (vllm serve, sglang), asked for token ids",
+    )
+    generator_model: str | None = Field(
+        default=None, description="the engine's model name (default: its only one, or the one named like the target)"
+    )
+    generator_concurrency: int = Field(default=64, ge=1, description="generation requests in flight on the engine")
+    generator_timeout_s: float = Field(default=600.0, gt=0, description="how long one engine request may take")
+    generate_batch: int = Field(default=16, ge=1, description="sequences per in-process generate call (hf)")
+    device_map: str | None = Field(
+        default=None,
+        description="spread the target over devices: 'auto' (every GPU of the node) or a JSON map of module "
+        "names to devices, as transformers' device_map; --device is then ignored",
+    )
     wait_s: float = Field(default=30.0, gt=0, description="how long GET /hidden waits for a pending prompt")
     read_threads: int = Field(default=4, ge=1, description="threads decoding stored chunks")
     stream_hidden: bool = Field(
@@ -79,6 +96,27 @@ class ServeSettings(BaseSettings):
         v = str(v) if isinstance(v, Path) else v
         if isinstance(v, str) and "://" in v and not v.startswith("s3://"):
             raise ValueError(f"store must be a directory or an s3://bucket/prefix URL, got {v!r}")
+        return v
+
+    @field_validator("generator")
+    @classmethod
+    def _generator_is_hf_or_url(cls, v: str) -> str:
+        v = v.strip()
+        if v != "hf" and not v.startswith(("http://", "https://")):
+            raise ValueError(f"generator must be 'hf' or an http(s):// URL of an engine, got {v!r}")
+        return v
+
+    @field_validator("device_map")
+    @classmethod
+    def _device_map_syntax(cls, v: str | None) -> str | None:
+        if v is None or v.strip() == "auto":
+            return v if v is None else "auto"
+        try:
+            parsed = json.loads(v)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict) or not all(isinstance(d, (str, int)) for d in parsed.values()):
+            raise ValueError(f"device_map must be 'auto' or a JSON object of module name -> device, got {v!r}")
         return v
 
     @field_validator("checkpoint_root")

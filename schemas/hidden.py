@@ -27,6 +27,7 @@ class HiddenMetadata(BaseModel):
     stop: int
     dtype: str
     greedy_mismatches: int | None = None  # response tokens that are not the target's greedy choice
+    generator: str | None = None  # how the response was made (`GeneratorInfo.describe()`)
 
     def to_strings(self) -> dict[str, str]:
         """As safetensors `__metadata__` (every value a string)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.layers import LAYER_CONVENTION, LayerConvention
+from schemas.prompts import GeneratorInfo
 
 
 class ModelInfo(BaseModel):
@@ -26,3 +27,4 @@ class ModelInfo(BaseModel):
     instance: str | None = Field(
         default=None, description="the server instance that answered (several may serve one store)"
     )
+    generator: GeneratorInfo | None = Field(default=None, description="who generates this server's new responses")

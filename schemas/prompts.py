@@ -83,6 +83,23 @@ class GenerateSpec(BaseModel):
     max_new_tokens: int = Field(ge=1, le=MAX_NEW_TOKENS_LIMIT)
 
 
+class GeneratorInfo(BaseModel):
+    """How a prompt's response was made: by the target in-process (`hf`), by a serving engine over its
+    OpenAI-compatible API (`engine`: its URL, served model and version), or `given` with the prompt."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["hf", "engine", "given"]
+    url: str | None = None
+    model: str | None = None
+    version: str | None = None
+
+    def describe(self) -> str:
+        """One line: `hf`, `given`, or `engine <url> <model> <version>`."""
+        if self.kind != "engine":
+            return self.kind
+        return f"engine {self.url} {self.model} {self.version or 'version unknown'}"
+
+
 class RegisterRequest(BaseModel):
     """`POST /prompts`."""
 
@@ -130,6 +147,7 @@ class PromptState(BaseModel):
     greedy_mismatches: int | None = Field(
         default=None, description="response tokens that are not the target's greedy choice (0: its own greedy)"
     )
+    generator: GeneratorInfo | None = Field(default=None, description="how the response was made, once it is stored")
     error: str | None = None
 
 
@@ -150,6 +168,10 @@ class SetCounts(BaseModel):
     pending: int
     ready: int
     failed: int
+    greedy_mismatches: int = Field(
+        default=0, description="response tokens of its ready prompts that are not the target's greedy choice"
+    )
+    prompts_not_greedy: int = Field(default=0, description="ready prompts with at least one such token")
 
 
 class SetList(BaseModel):

@@ -16,6 +16,7 @@ from cache_server.capture.target import Target
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.service import HiddenStateService
 from cache_server.coordination.database import Database
+from cache_server.generation.startup import checked_engine
 from cache_server.jobs.queue import JobStore
 from cache_server.settings import ServeSettings
 from cache_server.store.hidden_store import HiddenStore
@@ -30,8 +31,18 @@ DESCRIPTION = (
 
 
 def build_service(settings: ServeSettings) -> HiddenStateService:
-    """Load the target and open its store namespace."""
-    target = Target(settings.model, device=settings.device, dtype=settings.dtype)
+    """Load the target, check the engine that generates its responses (when there is one) and open
+    its store namespace; EngineUnfit when the engine cannot serve as this target's generator."""
+    target = Target(settings.model, device=settings.device, dtype=settings.dtype, device_map=settings.device_map)
+    engine = None
+    if settings.generator != "hf":
+        engine = checked_engine(
+            settings.generator,
+            target,
+            model=settings.generator_model,
+            timeout_s=settings.generator_timeout_s,
+            concurrency=settings.generator_concurrency,
+        )
     metrics = Metrics()
     ram = RamCache(int(settings.ram_cache_gb * 2**30)) if settings.ram_cache_gb > 0 else None
     if ram is not None:
@@ -55,6 +66,9 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
         instance=settings.instance,
         capture_lease_s=settings.capture_lease_s,
         batch_tokens=settings.batch_tokens,
+        generate_batch=settings.generate_batch,
+        engine=engine,
+        generator_concurrency=settings.generator_concurrency,
         wait_s=settings.wait_s,
         stream_hidden=settings.stream_hidden,
     )

@@ -6,6 +6,7 @@ Layer k is the output of decoder layer k (0-based), captured by `hooks.capture_d
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,14 +59,24 @@ def check_model_dir(model_dir: Path) -> None:
 class Target:
     """A loaded causal LM plus its tokenizer. Not thread-safe: one compute thread owns it."""
 
-    def __init__(self, model_dir: Path, *, device: str = "auto", dtype: str | None = None) -> None:
-        self.device = resolve_device(device)
-        torch_dtype = resolve_dtype(dtype, self.device)
+    def __init__(
+        self, model_dir: Path, *, device: str = "auto", dtype: str | None = None, device_map: str | None = None
+    ) -> None:
+        """`device_map` ('auto' or a JSON map, as transformers takes it) spreads the layers over devices;
+        inputs then go where the embeddings are, and each captured layer is copied from its own device."""
+        torch_dtype = resolve_dtype(dtype, resolve_device("auto" if device_map is not None else device))
         check_model_dir(model_dir)
         fingerprint = target_fingerprint(model_dir, dtype_name(torch_dtype))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
-        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
+        if device_map is None:
+            self.device = resolve_device(device)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
+            model.to(self.device)  # type: ignore[arg-type]
+        else:
+            placement = device_map if device_map == "auto" else json.loads(device_map)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, device_map=placement)
+            self.device = next(model.get_input_embeddings().parameters()).device
+        self.model = model.eval()
         cfg = self.model.config
         self.layers = decoder_layers(self.model)
         self.info = TargetInfo(
@@ -152,13 +163,18 @@ class Target:
         out = self.model.generate(
             input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad
         )
-        eos = self.model.generation_config.eos_token_id
-        stops = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        stops = set(self.stop_token_ids)
         responses = []
         for row in out[:, longest:].tolist():
             end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
             responses.append([int(t) for t in row[:end]])
         return responses
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """The ids a greedy response ends after: the generation config's EOS (none for some models)."""
+        eos = self.model.generation_config.eos_token_id
+        return [int(t) for t in (eos if isinstance(eos, list) else [] if eos is None else [eos])]
 
     @torch.inference_mode()
     def capture(
@@ -194,7 +210,7 @@ class Target:
         for lo in range(prompt_len - 1, len(tokens) - 1, _ARGMAX_ROWS):  # bounded [rows, vocab] logits
             hi = min(lo + _ARGMAX_ROWS, len(tokens) - 1)
             greedy = lm_head(normed[lo:hi]).argmax(dim=-1)
-            mismatches += int((greedy != tokens[lo + 1 : hi + 1]).sum())
+            mismatches += int((greedy != tokens[lo + 1 : hi + 1].to(greedy.device)).sum())
         return mismatches
 
     def heads(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,6 +40,7 @@ def hidden_metadata(manifest: PromptManifest, layers: Sequence[int], start: int,
         stop=stop,
         dtype=manifest.dtype,
         greedy_mismatches=manifest.greedy_mismatches,
+        generator=manifest.generator.describe() if manifest.generator is not None else None,
     )
 
 

@@ -30,6 +30,11 @@ class Metrics:
         self.hidden_bytes = Counter(
             "cache_server_hidden_bytes", "Bytes of GET /hidden bodies sent.", registry=self.registry
         )
+        self.generator_errors = Counter(
+            "cache_server_generator_errors",
+            "Generation requests the serving engine did not answer (unreachable or 5xx), each retried.",
+            registry=self.registry,
+        )
         self.compute_seconds = Histogram(
             "cache_server_compute_seconds",
             "Wall time of one batched target forward (generation excluded).",

@@ -71,6 +71,7 @@ class PromptStates:
             chat_template_sha256=reg.chat_template_sha256,
             enable_thinking=reg.enable_thinking,
             greedy_mismatches=manifest.greedy_mismatches if manifest else None,
+            generator=manifest.generator if manifest else None,
             error=capture.error if capture is not None and capture.status == "failed" else None,
         )
 
@@ -108,13 +109,25 @@ class PromptStates:
         return sum(self.status(r.prompt_id, captures) == PromptStatus.pending for r in self.registry.all())
 
     def set_counts(self) -> SetList:
-        """`GET /sets`: every set with its prompts counted by status."""
+        """`GET /sets`: every set with its prompts counted by status, and how far its ready prompts'
+        responses are from the target's greedy choice (the agreement of the engine that made them)."""
         captures = self.captures.states()
         out = []
         for name in self.sets.names():
-            statuses = Counter(self.status(p, captures) for p in self.set_members(name))
-            out.append(SetCounts(name=name, total=sum(statuses.values()), pending=statuses[PromptStatus.pending],
-                                 ready=statuses[PromptStatus.ready], failed=statuses[PromptStatus.failed]))  # fmt: skip
+            members = self.set_members(name)
+            statuses = Counter(self.status(p, captures) for p in members)
+            mismatches = [m.greedy_mismatches or 0 for p in members if (m := self.store.manifest(p)) is not None]
+            out.append(
+                SetCounts(
+                    name=name,
+                    total=sum(statuses.values()),
+                    pending=statuses[PromptStatus.pending],
+                    ready=statuses[PromptStatus.ready],
+                    failed=statuses[PromptStatus.failed],
+                    greedy_mismatches=sum(mismatches),
+                    prompts_not_greedy=sum(map(bool, mismatches)),
+                )
+            )
         return SetList(sets=out)
 
     def set_members(self, name: str) -> list[str]:

@@ -1,5 +1,6 @@
 """The scheduler: one compute thread owns the target and runs captures in batches up to a token
-budget; a small writer pool publishes the results to the store.
+budget, fed by the target's own generation or a serving engine's; a small writer pool publishes the
+results to the store.
 
 Capture work lives in the coordination database (`CaptureQueue`), shared by every server on the store:
 this server claims it under a lease (renewed while it computes), so each (prompt, missing layers)
@@ -25,28 +26,40 @@ from cache_server.compute.metrics import Metrics
 from cache_server.compute.registry import Registration, Registry
 from cache_server.coordination.captures import CaptureQueue
 from cache_server.errors import PromptFailed
+from cache_server.generation.engine import EngineClient, EngineRefused
+from cache_server.generation.engine_stage import EngineStage
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
+from schemas.prompts import GeneratorInfo
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class ComputeTask:
-    """One claimed prompt to run through the target, for `layers`."""
+    """One claimed prompt to run through the target, for `layers`; `sequence` (prompt + response) and
+    how its response was made, once known."""
 
     reg: Registration
     layers: set[int]
+    sequence: list[int] | None = None
+    generator: GeneratorInfo | None = None
 
     @property
-    def token_estimate(self) -> int:
-        """Tokens this task adds to a batch (prompt plus given or generated response)."""
-        reg = self.reg
-        return reg.prompt_len + (len(reg.response_ids) if reg.response_ids else reg.max_new_tokens or 0)
+    def tokens(self) -> int:
+        """Tokens this task adds to a capture batch."""
+        return len(self.sequence) if self.sequence is not None else self.reg.prompt_len + (self.reg.max_new_tokens or 0)
 
 
 class Scheduler:
-    """Claims capture work, batches it on one thread, and publishes each result once."""
+    """Claims capture work, has its responses generated, captures them in batches on one thread, and
+    publishes each result once.
+
+    Prompts flow claim -> response -> capture. A response is already stored (a recompute for more
+    layers), given with the prompt, or generated: by the target itself on the compute thread,
+    `generate_batch` sequences per `generate` call (a generation error fails that call's prompts), or
+    by a serving engine (`engine`), up to `generator_concurrency` requests in flight while the target
+    captures the prompts already answered. A capture error fails its whole batch."""
 
     def __init__(
         self,
@@ -58,6 +71,9 @@ class Scheduler:
         *,
         capture_layers: Sequence[int],
         batch_tokens: int,
+        generate_batch: int = 16,
+        engine: EngineClient | None = None,
+        generator_concurrency: int = 64,
         poll_s: float = 0.2,
     ) -> None:
         self.target = target
@@ -67,10 +83,22 @@ class Scheduler:
         self.registry = registry
         self.capture_layers = sorted(capture_layers)
         self._batch_tokens = batch_tokens
+        self._generate_batch = generate_batch
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._held: set[str] = set()  # claimed by this server, not yet finished
         self._finished: dict[str, Future[None]] = {}
+        self._ready: list[ComputeTask] = []  # sequence known, waiting for a capture batch
+        self._in_process: list[ComputeTask] = []  # waiting for the target to generate their responses
+        self._at_engine: dict[str, ComputeTask] = {}
+        self.generator = engine.engine.info if engine is not None else GeneratorInfo(kind="hf")
+        self._engine = None
+        self._generation_slots = generate_batch
+        if engine is not None:
+            self._generation_slots = generator_concurrency
+            self._engine = EngineStage(
+                engine, answered=self._answered, refused=self._fail, on_error=metrics.generator_errors.inc
+            )
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-writer")
@@ -84,9 +112,12 @@ class Scheduler:
         self._renewer.start()
 
     def close(self) -> None:
-        """Finish the batch in hand, publish it and stop; work not started goes back to the queue."""
+        """Finish the batch in hand, publish it and stop; work not started (generations in flight
+        included) goes back to the queue."""
         self._stopping.set()
         self._wake.set()
+        if self._engine is not None:
+            self._engine.close()
         for thread in (self._thread, self._renewer):
             if thread.is_alive():
                 thread.join()
@@ -95,7 +126,7 @@ class Scheduler:
             held = list(self._held)
         self.captures.release(held)
 
-    # -- requests and failures ------------------------------------------------------------------
+    # -- requests -------------------------------------------------------------------------------
 
     def request_many(
         self,
@@ -129,68 +160,145 @@ class Scheduler:
         with self._lock:
             return self._finished.setdefault(prompt_id, Future())
 
-    def failure(self, prompt_id: str) -> str | None:
-        """Why the target failed on this prompt, or None."""
-        state = self.captures.state(prompt_id)
-        return state.error if state is not None and state.status == "failed" else None
-
-    def failed_ids(self) -> set[str]:
-        """Every prompt the target failed on (until registered again)."""
-        return {p for p, state in self.captures.states().items() if state.status == "failed"}
-
     # -- compute thread -------------------------------------------------------------------------
 
     def _compute_loop(self) -> None:
         while not self._stopping.is_set():
-            batch = self._claim_batch()
-            if batch:
+            self._claim_more()
+            if self._in_process and self._ready_tokens() < self._batch_tokens:
+                self._generate_in_process()
+            elif batch := self._take_ready():
                 self._run_batch(batch)
             else:
-                self._wake.wait(self._poll_s)  # new work here, or some on another server's store
+                self._wake.wait(self._poll_s)  # an engine's answer, new work, or some on another server
                 self._wake.clear()
 
-    def _claim_batch(self) -> list[ComputeTask]:
-        """Claimed work up to the token budget; what another server already published is closed."""
-        batch: list[ComputeTask] = []
-        tokens = 0
-        while tokens < self._batch_tokens and not self._stopping.is_set():
+    def _ready_tokens(self) -> int:
+        with self._lock:
+            return sum(task.tokens for task in self._ready)
+
+    def _generating(self) -> int:
+        with self._lock:
+            return len(self._in_process) + len(self._at_engine)
+
+    def _claim_more(self) -> None:
+        """Claim work while a capture batch or a generation slot has room."""
+        while (
+            not self._stopping.is_set()
+            and self._ready_tokens() < self._batch_tokens
+            and self._generating() < self._generation_slots
+        ):
             claimed = self.captures.claim()
             if claimed is None:
-                break
-            pid = claimed.prompt_id
-            with self._lock:
-                self._held.add(pid)
+                return
+            task = self._task_for(claimed.prompt_id, set(claimed.layers))
+            if task is not None:
+                self._route(task)
+
+    def _task_for(self, pid: str, layers: set[int]) -> ComputeTask | None:
+        """The task of a claim; None when it failed or another server already published it."""
+        with self._lock:
+            self._held.add(pid)
+        try:
+            reg = self.registry.get(pid)
+            if reg is None:
+                raise LookupError(f"prompt {pid} has capture work but no registration")
+            manifest = self.store.manifest(pid, fresh=True)
+        except Exception as e:
+            self._fail(pid, e)
+            return None
+        wanted = layers - set(manifest.layers if manifest is not None else ())
+        if manifest is not None and not wanted:  # published by a server that died before saying so
+            self._finish(pid)
+            return None
+        return ComputeTask(reg, wanted)
+
+    def _route(self, task: ComputeTask) -> None:
+        """To the capture batch when its tokens are known, else to whoever generates responses."""
+        reg = task.reg
+        try:
+            if self.store.manifest(reg.prompt_id) is not None:  # more layers of a stored prompt
+                task.sequence = [int(t) for t in self.store.token_ids(reg.prompt_id)]
+            elif reg.response_ids is not None or reg.max_new_tokens is None:
+                task.sequence, task.generator = (
+                    [*reg.prompt_ids, *(reg.response_ids or ())],
+                    GeneratorInfo(kind="given"),
+                )
+        except Exception as e:
+            self._fail(reg.prompt_id, e)
+            return
+        with self._lock:
+            if task.sequence is not None:
+                self._ready.append(task)
+            elif self._engine is not None:
+                self._at_engine[reg.prompt_id] = task
+            else:
+                self._in_process.append(task)
+        if task.sequence is None and self._engine is not None:
+            self._engine.submit(reg.prompt_id, reg.prompt_ids, reg.max_new_tokens or 0)
+
+    def _generate_in_process(self) -> None:
+        """The target's greedy responses to the waiting prompts, one `generate` call per max_new_tokens
+        value, each sorted by prompt length so that left padding stays short."""
+        with self._lock:
+            waiting, self._in_process = self._in_process, []
+        groups: dict[int, list[ComputeTask]] = {}
+        for task in sorted(waiting, key=lambda t: t.reg.prompt_len):
+            groups.setdefault(task.reg.max_new_tokens or 0, []).append(task)
+        for max_new, tasks in groups.items():
             try:
-                reg = self.registry.get(pid)
-                if reg is None:
-                    raise LookupError(f"prompt {pid} has capture work but no registration")
-                manifest = self.store.manifest(pid, fresh=True)
+                responses = self.target.generate([t.reg.prompt_ids for t in tasks], max_new)
             except Exception as e:
-                self._fail(pid, e)
+                for task in tasks:
+                    self._fail(task.reg.prompt_id, e)
                 continue
-            wanted = set(claimed.layers) - set(manifest.layers if manifest is not None else ())
-            if manifest is not None and not wanted:  # published by a server that died before saying so
-                self._finish(pid)
-                continue
-            batch.append(ComputeTask(reg, wanted))
-            tokens += batch[-1].token_estimate
-        return batch
+            for task, response in zip(tasks, responses, strict=True):
+                task.sequence, task.generator = [*task.reg.prompt_ids, *response], self.generator
+            with self._lock:
+                self._ready.extend(tasks)
+
+    def _answered(self, pid: str, response: list[int]) -> None:
+        """An engine's response (on its loop thread): checked, then queued for capture."""
+        with self._lock:
+            task = self._at_engine.pop(pid, None)
+        if task is None:
+            return
+        max_new = task.reg.max_new_tokens or 0
+        try:
+            if len(response) > max_new:
+                raise EngineRefused(f"the engine answered {len(response)} tokens, more than max_tokens {max_new}")
+            self.target.check_token_ids(response, "the engine's response")
+        except Exception as e:
+            self._fail(pid, e)
+            return
+        task.sequence, task.generator = [*task.reg.prompt_ids, *response], self.generator
+        with self._lock:
+            self._ready.append(task)
+        self._wake.set()
+
+    def _take_ready(self) -> list[ComputeTask]:
+        """Ready tasks up to the token budget (at least one)."""
+        with self._lock:
+            batch: list[ComputeTask] = []
+            tokens = 0
+            while self._ready and (not batch or tokens + self._ready[0].tokens <= self._batch_tokens):
+                batch.append(self._ready.pop(0))
+                tokens += batch[-1].tokens
+            return batch
 
     def _run_batch(self, batch: list[ComputeTask]) -> None:
-        ready = self._sequences(batch)
-        if not ready:
-            return
-        layers = sorted(set().union(*(task.layers for task, _ in ready)))
+        seqs = [task.sequence or [] for task in batch]
+        layers = sorted(set().union(*(task.layers for task in batch)))
         try:
             with self.metrics.compute_seconds.time():
-                outputs = self.target.capture([seq for _, seq in ready], [t.reg.prompt_len for t, _ in ready], layers)
+                outputs = self.target.capture(seqs, [t.reg.prompt_len for t in batch], layers)
         except Exception as e:
-            for task, _ in ready:
+            for task in batch:
                 self._fail(task.reg.prompt_id, e)
             return
-        self.metrics.prompts_computed.inc(len(ready))
-        self._progress.computed(len(ready))
-        for (task, seq), out in zip(ready, outputs, strict=True):
+        self.metrics.prompts_computed.inc(len(batch))
+        self._progress.computed(len(batch))
+        for task, seq, out in zip(batch, seqs, outputs, strict=True):
             self._writers.submit(self._publish, task, seq, out)
 
     def _renew_loop(self) -> None:
@@ -202,35 +310,6 @@ class Scheduler:
             except Exception as e:  # the database is away: keep trying; the leases may expire meanwhile
                 log.warning("could not renew capture leases: %s", e)
 
-    def _sequences(self, batch: list[ComputeTask]) -> list[tuple[ComputeTask, list[int]]]:
-        """Prompt + response tokens of each task: already stored, given, or the target's greedy
-        response. Responses are generated in one batch per max_new_tokens value; a task whose
-        tokens cannot be had fails alone, and the rest of the batch goes on."""
-        known: dict[int, list[int]] = {}
-        to_generate: dict[int, list[int]] = {}  # max_new_tokens -> indices into batch
-        for i, task in enumerate(batch):
-            reg = task.reg
-            try:
-                if self.store.manifest(reg.prompt_id) is not None:
-                    known[i] = [int(t) for t in self.store.token_ids(reg.prompt_id)]
-                elif reg.response_ids is not None or reg.max_new_tokens is None:
-                    known[i] = list(reg.prompt_ids) + list(reg.response_ids or ())
-                else:
-                    to_generate.setdefault(reg.max_new_tokens, []).append(i)
-            except Exception as e:
-                self._fail(reg.prompt_id, e)
-        for max_new, indices in to_generate.items():
-            prompts = [batch[i].reg.prompt_ids for i in indices]
-            try:
-                responses = self.target.generate(prompts, max_new)
-            except Exception as e:
-                for i in indices:
-                    self._fail(batch[i].reg.prompt_id, e)
-                continue
-            for i, prompt, response in zip(indices, prompts, responses, strict=True):
-                known[i] = list(prompt) + response
-        return [(batch[i], known[i]) for i in sorted(known)]
-
     def _publish(self, task: ComputeTask, seq: list[int], out: Captured) -> None:
         layers = {k: out.states[k] for k in task.layers}
         try:
@@ -240,6 +319,7 @@ class Scheduler:
                 task.reg.prompt_len,
                 layers,
                 greedy_mismatches=out.greedy_mismatches,
+                generator=task.generator,
             )
         except Exception as e:
             self._fail(task.reg.prompt_id, e)

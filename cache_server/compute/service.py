@@ -23,6 +23,7 @@ from cache_server.compute.streaming import BlockBuffers, HiddenStream, hidden_st
 from cache_server.coordination.captures import CaptureQueue
 from cache_server.coordination.database import Database
 from cache_server.errors import InvalidLayers, InvalidPrompt, PromptNotReady
+from cache_server.generation.engine import EngineClient
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
 from cache_server.torch_utils import dtype_name
@@ -51,6 +52,9 @@ class HiddenStateService:
         instance: str | None = None,
         capture_lease_s: float = 30.0,
         batch_tokens: int = 8192,
+        generate_batch: int = 16,
+        engine: EngineClient | None = None,
+        generator_concurrency: int = 64,
         wait_s: float = 30.0,
         stream_hidden: bool = True,
     ) -> None:
@@ -65,8 +69,10 @@ class HiddenStateService:
         self.prompts = PromptStates(store, self.registry, self.sets, captures)
         metrics.watch_pending(self.prompts.pending_count)
         metrics.name_instance(self.instance)
-        self.scheduler = Scheduler(target, store, metrics, captures, self.registry, capture_layers=capture_layers,
-                                   batch_tokens=batch_tokens)  # fmt: skip
+        self.scheduler = Scheduler(
+            target, store, metrics, captures, self.registry, capture_layers=capture_layers, batch_tokens=batch_tokens,
+            generate_batch=generate_batch, engine=engine, generator_concurrency=generator_concurrency,
+        )  # fmt: skip
         self._wait_s = wait_s
         self.stream_hidden = stream_hidden
         # Row blocks of streamed bodies decode here, in order, each over all the store's read threads.
@@ -108,6 +114,7 @@ class HiddenStateService:
             max_position_embeddings=info.max_position_embeddings,
             dtype=dtype_name(info.dtype),
             capture_layers=self.capture_layers,
+            generator=self.scheduler.generator,
             chat_template_sha256=self.target.chat_template_sha256,
             instance=self.instance,
         )

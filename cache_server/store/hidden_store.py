@@ -38,6 +38,7 @@ from cache_server.store.recovery import sweep_orphans
 from cache_server.torch_utils import dtype_name
 from schemas.dtypes import DTYPE_NAMES
 from schemas.layers import LAYER_CONVENTION
+from schemas.prompts import GeneratorInfo
 from schemas.safetensors_frame import numpy_dtype
 
 
@@ -153,9 +154,10 @@ class HiddenStore:
         layers: Mapping[int, torch.Tensor],
         *,
         greedy_mismatches: int | None = None,
+        generator: GeneratorInfo | None = None,
     ) -> PromptManifest:
         """Publish `layers` ({k: [T, H] CPU tensor}); on a published prompt, add the ones it lacks
-        (its manifest keeps the first write's `greedy_mismatches`)."""
+        (its manifest keeps the first write's `greedy_mismatches` and `generator`)."""
         check_name(prompt_id, "prompt id")
         ids = publish.check_tokens(token_ids, prompt_len)
         shape, storage = (len(ids), self.hidden_size), self._storage_dtype
@@ -177,7 +179,7 @@ class HiddenStore:
                     return old
             base = f"{self._prompts}/{prompt_id}"
             crc32 = publish.put_prompt(self.blobs, self._writers, base, data, ids if old is None else None)
-            return self._publish(prompt_id, old, ids, prompt_len, crc32, greedy_mismatches)
+            return self._publish(prompt_id, old, ids, prompt_len, crc32, (greedy_mismatches, generator))
 
     def read_into(
         self,
@@ -270,7 +272,7 @@ class HiddenStore:
         ids: np.ndarray,
         prompt_len: int,
         new_layers: dict[int, int],
-        greedy_mismatches: int | None,
+        response: tuple[int | None, GeneratorInfo | None],
     ) -> PromptManifest:
         """Write the manifest (new layers -> the crc32 of their zarr.json), the last step."""
         if old is not None:
@@ -283,7 +285,7 @@ class HiddenStore:
                 layers=tuple(sorted(new_layers)), prompt_len=prompt_len, num_tokens=len(ids),
                 hidden_size=self.hidden_size, token_sha256=token_sha256(ids),
                 codec=chunks.describe(self._storage_dtype.itemsize), created_at=datetime.now(UTC).isoformat(),
-                greedy_mismatches=greedy_mismatches, layer_crc32=dict(sorted(new_layers.items())),
+                greedy_mismatches=response[0], generator=response[1], layer_crc32=dict(sorted(new_layers.items())),
             )  # fmt: skip
         manifest = m.model_dump(mode="json")
         hierarchy.publish_manifest(self.blobs, f"{self._prompts}/{prompt_id}", manifest, new=old is None)

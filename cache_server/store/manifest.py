@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas.dtypes import DTypeName
 from schemas.layers import LAYER_CONVENTION, LayerConvention
+from schemas.prompts import GeneratorInfo
 
 
 class StoreError(Exception):
@@ -67,6 +68,7 @@ class PromptManifest(BaseModel):
     # 0 means the response is the target's own greedy continuation, so offline tau equals the live
     # greedy loop's; a given (not generated) response usually differs.
     greedy_mismatches: int | None = None
+    generator: GeneratorInfo | None = None  # how the response was made (None: a prompt published before it was kept)
     # zlib.crc32 of each layer's zarr.json, which holds the crc32 of each of its chunks: readers
     # check both, so a layer overwritten after publishing is an error, never served (None: a prompt
     # published before checksums).

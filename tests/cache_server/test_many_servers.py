@@ -147,7 +147,9 @@ def test_servers_killed_mid_capture_lose_nothing_and_compute_nothing_twice(fleet
         live = fleet.wait_all()
         with CacheClient(live[0]) as client:
             client.wait_ready(ids, timeout_s=300)
-        time.sleep(1)  # one more sweep of the reader over every prompt, all ready now
+        deadline = time.monotonic() + 60  # the reader's sweeps reach every prompt, all ready now
+        while set(seen) != set(ids) and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         stop.set()
         reader.join(timeout=60)

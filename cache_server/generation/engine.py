@@ -1,0 +1,160 @@
+"""A serving engine's OpenAI-compatible completions API (vLLM, SGLang) as the source of greedy
+responses: prompt token ids in, response token ids out, never a round trip through text.
+
+Errors:
+
+    EngineError
+    ├── EngineUnavailable   unreachable, timed out, or a 5xx: try the same request again later
+    ├── EngineRefused       the engine refused this one request (4xx): its prompt fails with the message
+    └── EngineUnfit         at startup: no model, no token ids, or another model than the target
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from schemas.prompts import GeneratorInfo
+
+
+class EngineError(Exception):
+    """Base of the engine client's errors."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine did not answer (connection, timeout) or answered 5xx: retry later."""
+
+
+class EngineRefused(EngineError):
+    """The engine refused this request (4xx), e.g. a prompt longer than its context."""
+
+
+class EngineUnfit(EngineError):
+    """The engine cannot serve as this target's generator (checked once, at startup)."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine checked at startup: where it is, the model name to ask for, how it stops."""
+
+    url: str
+    model: str
+    version: str | None
+    stop_token_ids: tuple[int, ...]  # the target's EOS ids: a response ends after one, as in-process
+
+    @property
+    def info(self) -> GeneratorInfo:
+        """What each prompt records about how its response was made."""
+        return GeneratorInfo(kind="engine", url=self.url, model=self.model, version=self.version)
+
+    def completion(self, prompt_ids: Sequence[int], max_tokens: int) -> dict[str, Any]:
+        """The `POST /v1/completions` body: greedy, token ids both ways, stopping only where the
+        target's own `generate` stops (its EOS ids), not at the engine's idea of EOS."""
+        return {
+            "model": self.model,
+            "prompt": list(prompt_ids),
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "return_token_ids": True,
+            "ignore_eos": True,
+            "stop_token_ids": list(self.stop_token_ids),
+        }
+
+
+def response_tokens(response: httpx.Response) -> list[int]:
+    """The generated token ids of a completions answer; EngineUnavailable on 5xx, EngineRefused on 4xx
+    or an answer without token ids."""
+    if response.status_code >= 500:
+        raise EngineUnavailable(f"HTTP {response.status_code}: {_message(response)}")
+    if response.status_code >= 400:
+        raise EngineRefused(f"the engine refused the prompt (HTTP {response.status_code}): {_message(response)}")
+    try:
+        choice = response.json()["choices"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise EngineRefused(f"the engine's answer has no choices: {response.text[:200]}") from None
+    ids = choice.get("token_ids")
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        raise EngineRefused(
+            'the engine returned no token ids: it must honour "return_token_ids": true (vLLM >= 0.10.2); '
+            "responses are never re-tokenised from text"
+        )
+    return ids
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    return str(error.get("message", error) if isinstance(error, dict) else error)[:500]
+
+
+def connect(
+    url: str, *, model: str | None, target_name: str, stop_token_ids: Sequence[int], timeout_s: float
+) -> Engine:
+    """The engine at `url`, with the model it serves (`model`, or its only one, or the one named like
+    the target) and its version; EngineUnfit when it cannot be reached or serves no such model."""
+    url = url.rstrip("/")
+    try:
+        with httpx.Client(timeout=timeout_s) as client:
+            listed = client.get(f"{url}/v1/models")
+            listed.raise_for_status()
+            version_answer = client.get(f"{url}/version")
+    except httpx.HTTPError as e:
+        raise EngineUnfit(f"--generator {url}: GET /v1/models failed: {e}") from None
+    served = [str(m.get("id")) for m in listed.json().get("data", [])]
+    version = version_answer.json().get("version") if version_answer.status_code == 200 else None
+    if model is not None:
+        if model not in served:
+            raise EngineUnfit(f"--generator {url} serves {served}, not --generator-model {model!r}")
+        chosen = model
+    else:
+        named = [m for m in served if m.rstrip("/").rsplit("/", 1)[-1] == target_name]
+        if len(served) == 1 or len(named) == 1:
+            chosen = served[0] if len(served) == 1 else named[0]
+        else:
+            raise EngineUnfit(f"--generator {url} serves {served or 'no model'}: name one with --generator-model")
+    return Engine(
+        url=url, model=chosen, version=str(version) if version else None, stop_token_ids=tuple(stop_token_ids)
+    )
+
+
+def generate_once(engine: Engine, prompt_ids: Sequence[int], max_tokens: int, *, timeout_s: float) -> list[int]:
+    """One blocking generation (the startup probe); EngineUnfit on any failure."""
+    try:
+        with httpx.Client(timeout=timeout_s) as client:
+            return response_tokens(
+                client.post(f"{engine.url}/v1/completions", json=engine.completion(prompt_ids, max_tokens))
+            )
+    except (httpx.HTTPError, EngineError) as e:
+        raise EngineUnfit(f"--generator {engine.url}: the probe generation failed: {e}") from None
+
+
+class EngineClient:
+    """Generations on one engine from an asyncio loop; the client is made on first use, in that loop."""
+
+    def __init__(self, engine: Engine, *, timeout_s: float, concurrency: int) -> None:
+        self.engine = engine
+        self._timeout_s = timeout_s
+        self._limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        self._client: httpx.AsyncClient | None = None
+
+    async def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
+        """The engine's greedy response; EngineUnavailable (retry) or EngineRefused (give up)."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self._timeout_s, limits=self._limits)
+        body = self.engine.completion(prompt_ids, max_tokens)
+        try:
+            response = await self._client.post(f"{self.engine.url}/v1/completions", json=body)
+        except httpx.HTTPError as e:
+            raise EngineUnavailable(f"{type(e).__name__}: {e}") from None
+        return response_tokens(response)
+
+    async def aclose(self) -> None:
+        """Close the connections (from the loop that used them)."""
+        if self._client is not None:
+            await self._client.aclose()
