@@ -59,8 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _tiny_model(out_dir: Path, tiny: TinyModelSettings) -> int:
     from cache_server.capture.tiny_model import build_tiny_model
 
-    out = build_tiny_model(out_dir, layers=tiny.layers, hidden=tiny.hidden, vocab=tiny.vocab, seed=tiny.seed)
-    print(f"wrote a tiny Qwen3 target ({tiny.layers} layers, hidden {tiny.hidden}, vocab {tiny.vocab}) to {out}")
+    out = build_tiny_model(
+        out_dir, layers=tiny.layers, hidden=tiny.hidden, vocab=tiny.vocab, seed=tiny.seed, head_dim=tiny.head_dim
+    )
+    print(
+        f"wrote a tiny Qwen3 target ({tiny.layers} layers, hidden {tiny.hidden}, head_dim {tiny.head_dim}, "
+        f"vocab {tiny.vocab}) to {out}"
+    )
     return 0
 
 

@@ -22,6 +22,7 @@ class TinyModelSettings(BaseSettings):
     layers: int = Field(default=8, ge=1, description="decoder layers")
     hidden: int = Field(default=64, ge=32, description="hidden size (a multiple of 16)")
     vocab: int = Field(default=512, description="vocabulary size")
+    head_dim: int = Field(default=16, description="attention head width (32 or more for vLLM's CPU attention)")
     seed: int = Field(default=0, description="random seed of the weights")
 
 

@@ -72,9 +72,9 @@ def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_config(layers: int, hidden: int, vocab: int) -> Qwen3Config:
-    """A small Qwen3 config: `layers` decoder layers of width `hidden`, untied heads."""
-    heads = max(2, hidden // 16)
+def tiny_config(layers: int, hidden: int, vocab: int, head_dim: int = 16) -> Qwen3Config:
+    """A small Qwen3 config: `layers` decoder layers of width `hidden` in heads of `head_dim`, untied heads."""
+    heads = max(2, hidden // head_dim)
     return Qwen3Config(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -88,16 +88,21 @@ def tiny_config(layers: int, hidden: int, vocab: int) -> Qwen3Config:
     )
 
 
-def build_tiny_model(out_dir: Path, *, layers: int = 8, hidden: int = 64, vocab: int = 512, seed: int = 0) -> Path:
-    """Write a random Qwen3 causal LM and its tokenizer to `out_dir` in HF format."""
+def build_tiny_model(
+    out_dir: Path, *, layers: int = 8, hidden: int = 64, vocab: int = 512, seed: int = 0, head_dim: int = 16
+) -> Path:
+    """Write a random Qwen3 causal LM and its tokenizer to `out_dir` in HF format. vLLM's CPU attention
+    takes head_dim 32 and up, not 16 (e.g. hidden 128, head_dim 32)."""
     if vocab < MIN_VOCAB:
         raise ValueError(f"--vocab must be at least {MIN_VOCAB} (256 bytes + special tokens + spare rows)")
     if hidden % 16 or hidden < 32:
         raise ValueError("--hidden must be a multiple of 16 and at least 32")
     if layers < 1:
         raise ValueError("--layers must be at least 1")
+    if head_dim % 16 or hidden % head_dim or hidden // head_dim < 2:
+        raise ValueError("--head-dim must be a multiple of 16 that divides --hidden into at least 2 heads")
     tokenizer = build_tokenizer(vocab)
-    config = tiny_config(layers, hidden, vocab)
+    config = tiny_config(layers, hidden, vocab, head_dim)
     config.eos_token_id = tokenizer.eos_token_id
     config.pad_token_id = tokenizer.pad_token_id
     config.bos_token_id = None

@@ -1,0 +1,151 @@
+"""Responses from a real serving engine (vLLM on CPU, its own environment): the cache server asks it
+for token ids, checks it serves the target, retries while it is away, and fails only what it refuses.
+One engine for the module; it is killed and started again on the same port by the fault test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from cache_server.capture.tiny_model import build_tiny_model
+from cache_server.client import CacheClient
+from tests.cache_server.reference import direct_layer_outputs
+from tests.support.engine import VllmServer, vllm_python
+from tests.support.servers import free_port, running_server, server_metric
+from tests.support.taps import greedy_continuation
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+TEXTS = [
+    "def fib(n):",
+    "The quick brown fox",
+    "Question: what is the capital of France? Answer:",
+    "import numpy as np\nx = np.arange(16)",
+    "class Stack:\n    def __init__(self):",
+    "Speculative decoding drafts several tokens",
+    "for i in range(10):",
+    "A drafter reads the hidden states",
+]
+NEW_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def engine_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny target whose heads vLLM's CPU attention takes (head_dim 32)."""
+    return build_tiny_model(tmp_path_factory.mktemp("engine-target"), layers=4, hidden=128, head_dim=32, seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(engine_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    if vllm_python() is None:
+        pytest.fail("the vLLM environment .venv-vllm is missing: ./dev test (or .ci/run) builds it")
+    server = VllmServer(engine_target, free_port(), tmp_path_factory.mktemp("vllm") / "vllm.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def in_process(engine_target: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(engine_target, dtype=torch.float32).eval()
+
+
+def _served(engine_target: Path, store: Path, engine: VllmServer, *extra: str):  # type: ignore[no-untyped-def]
+    return running_server(engine_target, store, "--generator", engine.url, "--generator-concurrency", "8", *extra)
+
+
+def test_engine_responses_are_the_targets_greedy_tokens_and_states_a_direct_forward(
+    engine: VllmServer, engine_target: Path, in_process: torch.nn.Module, tmp_path: Path
+) -> None:
+    # One sequence per capture forward: unpadded, so bit-identical to a direct forward.
+    with _served(engine_target, tmp_path / "store", engine, "--batch-tokens", "1") as url, CacheClient(url) as client:
+        info = client.model()
+        assert info.generator is not None and info.generator.kind == "engine"
+        assert (info.generator.url, info.generator.version) == (engine.url, "0.32.0")
+        prompts = [{"text": t, "sets": ["engine-set"]} for t in TEXTS]
+        ids = [p.prompt_id for p in client.register(prompts, max_new_tokens=NEW_TOKENS)]
+        client.wait_ready(ids, timeout_s=300)
+        for pid in ids:
+            state = client.prompt(pid)
+            tokens = state.token_ids or []
+            want = greedy_continuation(in_process, tokens[: state.prompt_len], NEW_TOKENS)
+            assert tokens == want  # the engine's tokens, equal to the target's own greedy response
+            assert state.greedy_mismatches == 0
+            assert state.generator == info.generator
+            served = client.hidden(pid, list(range(4)))
+            direct = torch.cat(direct_layer_outputs(engine_target, tokens), dim=-1).numpy()
+            np.testing.assert_array_equal(served.hidden, direct)  # bit for bit, fp32
+            assert served.metadata.generator == info.generator.describe()
+        (counts,) = client.sets().sets
+        assert (counts.ready, counts.greedy_mismatches, counts.prompts_not_greedy) == (len(ids), 0, 0)
+        assert server_metric(url, "cache_server_generator_errors_total") == 0
+
+
+def test_a_given_response_the_target_would_not_choose_shows_in_the_set(
+    engine: VllmServer, engine_target: Path, tmp_path: Path
+) -> None:
+    with _served(engine_target, tmp_path / "store", engine) as url, CacheClient(url) as client:
+        greedy = client.register([{"text": TEXTS[0], "sets": ["mixed"]}], max_new_tokens=8)[0].prompt_id
+        given = client.register([{"text": TEXTS[1], "response_token_ids": [5, 5, 5, 5], "sets": ["mixed"]}])
+        client.wait_ready([greedy, given[0].prompt_id], timeout_s=120)
+        state = client.prompt(given[0].prompt_id)
+        assert state.generator is not None and state.generator.kind == "given"
+        (counts,) = client.sets().sets
+        assert counts.greedy_mismatches == state.greedy_mismatches and counts.greedy_mismatches > 0
+        assert counts.prompts_not_greedy == 1
+
+
+def test_an_engine_serving_another_model_refuses_the_start(
+    engine: VllmServer, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    other = build_tiny_model(tmp_path_factory.mktemp("other"), layers=4, hidden=128, head_dim=32, seed=1)
+    cmd = [sys.executable, "-m", "cache_server.cli", "serve", "--model", str(other), "--store", str(tmp_path / "s"),
+           "--device", "cpu", "--port", str(free_port()), "--generator", engine.url]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    message = done.stderr.strip().splitlines()[-1]
+    assert message.startswith("cache-server: --generator") and "probe" in message
+    assert str(other.name) in message and "engine [" in message and "target [" in message
+
+
+def test_a_prompt_the_engine_refuses_fails_alone(engine: VllmServer, engine_target: Path, tmp_path: Path) -> None:
+    with _served(engine_target, tmp_path / "store", engine) as url, CacheClient(url) as client:
+        ok = [p.prompt_id for p in client.register([{"text": t} for t in TEXTS[:3]], max_new_tokens=16)]
+        too_long = client.register([{"text": TEXTS[3]}], max_new_tokens=600)[0].prompt_id  # engine context 512
+        client.wait_ready(ok, timeout_s=120)
+        deadline = time.monotonic() + 60
+        while (state := client.prompt(too_long)).status == "pending" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert state.status == "failed"
+        assert state.error is not None and "max_model_len" in state.error and "HTTP 400" in state.error
+        assert all(client.prompt(p).status == "ready" for p in ok)
+
+
+def test_the_engine_killed_mid_run_loses_nothing(
+    engine: VllmServer, engine_target: Path, in_process: torch.nn.Module, tmp_path: Path
+) -> None:
+    with _served(engine_target, tmp_path / "store", engine) as url, CacheClient(url) as client:
+        engine.kill()  # away before any generation: every request meets a dead engine
+        texts = [f"{t} {i}" for i in range(3) for t in TEXTS]
+        ids = [p.prompt_id for p in client.register([{"text": t} for t in texts], max_new_tokens=24)]
+        deadline = time.monotonic() + 30
+        while server_metric(url, "cache_server_generator_errors_total") < 3:
+            assert time.monotonic() < deadline, "the server did not retry the engine"
+            time.sleep(0.2)
+        assert all(client.prompt(p).status == "pending" for p in ids)
+        engine.start()
+        client.wait_ready(ids, timeout_s=300)  # a failure raises here
+        for pid in ids:
+            state = client.prompt(pid)
+            tokens = state.token_ids or []
+            assert tokens == greedy_continuation(in_process, tokens[: state.prompt_len], 24)
+        assert httpx.get(f"{url}/healthz").status_code == 200

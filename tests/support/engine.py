@@ -1,0 +1,81 @@
+"""A real vLLM OpenAI-compatible server on loopback, from the engine's own virtual environment
+(`.venv-vllm`, built by `./dev`; REFERENCE s.11), for the tests that generate through an engine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "2",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+
+
+def vllm_python() -> Path | None:
+    """The engine environment's interpreter (`HSC_VLLM_PYTHON`, else `.venv-vllm` in the repo), if built."""
+    path = Path(os.environ.get("HSC_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
+    return path if path.exists() else None
+
+
+class VllmServer:
+    """`vllm.entrypoints.openai.api_server` over `model` on a fixed loopback port; can be killed and
+    started again on the same port (the engine going away under a running cache server)."""
+
+    def __init__(self, model: Path, port: int, log: Path, *extra: str) -> None:
+        python = vllm_python()
+        if python is None:
+            raise RuntimeError("the vLLM environment .venv-vllm is missing: ./dev test builds it")
+        self.url = f"http://127.0.0.1:{port}"
+        self._cmd = [
+            str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+            "--max-model-len", "512", "--disable-log-stats", *extra,
+        ]  # fmt: skip
+        self._log = log
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 240.0) -> None:
+        """Start the engine and wait until `GET /health` answers 200."""
+        with self._log.open("ab") as out:
+            self._proc = subprocess.Popen(
+                self._cmd, env={**os.environ, **VLLM_ENV}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self._proc.returncode}: {self._log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vLLM did not become healthy in {timeout_s:.0f} s: {self._log.read_text()[-3000:]}")
+            time.sleep(0.5)
+
+    def kill(self) -> None:
+        """SIGKILL the engine and its workers (its process group), as a crash would."""
+        if self._proc is not None and self._proc.poll() is None:
+            os.killpg(self._proc.pid, 9)
+            self._proc.wait()
+        self._proc = None
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 20 s."""
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        os.killpg(self._proc.pid, 15)
+        try:
+            self._proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._proc = None
