@@ -52,6 +52,18 @@ def test_bf16_capture_on_cuda_equals_a_direct_forward(tiny_target: Path, tmp_pat
     assert torch.equal(tensors["hidden"], expected)
 
 
+def test_device_map_auto_capture_equals_a_single_device_one(tiny_target: Path, tmp_path: Path) -> None:
+    """`--device-map auto` spreads the target over the node's GPUs; the stored states are the bits a
+    single-device server stores."""
+    served = []
+    for i, extra in enumerate(({"device": "cuda"}, {"device_map": "auto"})):
+        settings = ServeSettings(model=tiny_target, store=tmp_path / f"store{i}", **extra)  # type: ignore[arg-type]
+        with TestClient(create_app(settings)) as client:
+            pid = client.post("/prompts", json={"prompts": [{"token_ids": TOKENS}]}).json()["prompts"][0]["prompt_id"]
+            served.append(_served(client, pid, "0,1,2,3,4,5")[0]["hidden"])
+    assert torch.equal(served[0], served[1])
+
+
 class _Source:
     def __init__(self, info: ModelInfo, ids: torch.Tensor, taps: torch.Tensor, heads: TargetHeads) -> None:
         self.info, self.ids, self.taps, self._heads = info, ids, taps, heads

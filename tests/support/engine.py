@@ -1,5 +1,5 @@
 """A real vLLM OpenAI-compatible server on loopback, from the engine's own virtual environment
-(`.venv-vllm`, built by `./dev`; REFERENCE s.11), for the tests that generate through an engine."""
+(`.venv-vllm` or `$HSC_VLLM_VENV`, built by `./dev test`), for the tests that generate through an engine."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ VLLM_ENV = {
 
 
 def vllm_python() -> Path | None:
-    """The engine environment's interpreter (`HSC_VLLM_PYTHON`, else `.venv-vllm` in the repo), if built."""
-    path = Path(os.environ.get("HSC_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
+    """The engine environment's interpreter (in `HSC_VLLM_VENV`, else `.venv-vllm`), if it is built."""
+    path = Path(os.environ.get("HSC_VLLM_VENV", REPO / ".venv-vllm")) / "bin" / "python"
     return path if path.exists() else None
 
 

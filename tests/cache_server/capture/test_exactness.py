@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -111,3 +112,29 @@ def test_the_ram_cache_serves_the_same_bits(tiny_target: Path, tmp_path: Path) -
     expected = direct_layer_outputs(tiny_target, PROMPT + RESPONSE)
     assert torch.equal(first["hidden"], torch.cat([expected[k] for k in (5, 0, 3)], dim=1))
     assert torch.equal(again["hidden"], torch.cat([expected[k][2:9] for k in (3, 5)], dim=1))
+
+
+def test_generate_batch_responses_are_each_prompts_own_greedy_tokens(tiny_target: Path, tmp_path: Path) -> None:
+    texts = ["x", "def fib(n):", "The quick brown fox jumps over", "import numpy as np", "for i in", "Question:"]
+    with app_client(tiny_target, tmp_path / "store", generate_batch=4, batch_tokens=64) as client:
+        ids = register_ready(client, [{"text": t} for t in texts], generate=16)  # generated 4 then 2 at a time
+        states = [client.get(f"/prompts/{pid}").json() for pid in ids]
+    model = AutoModelForCausalLM.from_pretrained(tiny_target).eval()
+    for state in states:
+        prompt = state["token_ids"][: state["prompt_len"]]
+        alone = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0].tolist()
+        assert state["token_ids"] == alone
+        assert state["generator"] == {"kind": "hf", "url": None, "model": None, "version": None}
+
+
+def test_a_device_map_over_the_layers_stores_the_same_bits(tiny_target: Path, tmp_path: Path) -> None:
+    # Every module placed by name, all on the CPU here (tests/test_gpu.py runs "auto" over a node's GPUs).
+    placement = {"model.embed_tokens": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    placement |= {f"model.layers.{k}": "cpu" for k in range(6)}
+    tokens = PROMPT + RESPONSE
+    with app_client(tiny_target, tmp_path / "store", device_map=json.dumps(placement)) as client:
+        [pid] = register_ready(client, [{"token_ids": PROMPT, "response_token_ids": RESPONSE}])
+        tensors, _ = get_hidden(client, pid, "0,1,2,3,4,5")
+        assert client.app.state.service.target.device == torch.device("cpu")  # type: ignore[attr-defined]
+    expected = direct_layer_outputs(tiny_target, tokens)
+    assert torch.equal(tensors["hidden"], torch.cat(expected, dim=1))
