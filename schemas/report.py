@@ -32,6 +32,9 @@ class PromptEval(BaseModel):
         description="response tokens that are not the target's greedy choice (cache server's check); "
         "0 means these rounds are exactly the live greedy loop's, None that the cache did not say",
     )
+    generator: str | None = Field(
+        default=None, description="how the response was made: hf, given, or engine URL MODEL VERSION (cache server)"
+    )
 
 
 class TauSummary(BaseModel):
@@ -88,6 +91,9 @@ class EvalSummary(SetSummary):
     )
     prompts_not_target_greedy: int = Field(
         default=0, description="prompts whose response is not the target's own greedy continuation"
+    )
+    generators: dict[str, int] = Field(
+        default_factory=dict, description="prompts per generator of their responses (unknown: not recorded)"
     )
     wall_time_s: float
     cost: EvalCost | None = Field(default=None, description="absent in reports written before it existed")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -233,6 +234,7 @@ def _walk_chunk(
                 trees=ddtrees[i],
                 eagle_trees=eagle[i],
                 greedy_mismatches=item.features.metadata.greedy_mismatches,
+                generator=item.features.metadata.generator,
             )
 
 
@@ -261,6 +263,7 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
         **dict(summarize_set(results, budgets, eagle_trees)),
         by_set=by_set(results, run.sets, budgets, eagle_trees),
         prompts_not_target_greedy=len(not_greedy),
+        generators=dict(Counter(r.generator or "unknown" for r in results)),
         wall_time_s=time.perf_counter() - run.started,
         cost=cost,
     )

@@ -56,10 +56,17 @@ def test_the_page_shows_the_reports_in_a_real_browser(
                 worker.join()
             reports = {f"v1/step_{s}.pt": jobs.report(j.job_id) for s, j in zip((10, 20), submitted, strict=True)}
             model = client.model()
+            counts = {c.name: c for c in client.sets().sets}
 
         dom = headless(url + "/", "--dump-dom")
         assert f'<b id="target-name">{model.name}</b>' in dom and model.fingerprint in dom
         assert re.search(r'<tr class="set-row" data-set="a"><td class="l">a</td><td>4</td><td>4</td>', dom)
+        for name, c in counts.items():  # the target's agreement with the responses, per set, as /sets says
+            row = re.search(rf'data-set="{name}">(.*?)</tr>', dom)
+            assert row is not None
+            cells = re.findall(r"<td[^>]*>([^<]*)</td>", row.group(1))
+            assert cells[-2:] == [str(c.prompts_not_greedy), str(c.greedy_mismatches)]
+        assert '<span id="generator">hf</span>' in dom
         assert dom.count('class="job-row" data-status="done"') == 2
         shown = _rows(dom)
         assert set(shown) == set(reports)
