@@ -152,7 +152,7 @@ def test_every_variable_is_in_the_readme_table(raw: dict[str, Any]) -> None:
 # -- services against the code -------------------------------------------------------------------
 
 
-SCALE_OUT = "scale-out"
+SCALE_OUT, ENGINE = "scale-out", "engine"
 AWS_PASS_THROUGH = {"AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"}
 
 
@@ -165,8 +165,8 @@ def test_services_are_the_two_processes_and_the_scale_out_profile(compose: dict[
     default = {n for n, s in services.items() if "profiles" not in s}
     assert default == set(SETTINGS)
     profiled = set(services) - default
-    assert profiled == {*_scale_out_servers(compose), "postgres"} and len(profiled) >= 3
-    assert all(services[n]["profiles"] == [SCALE_OUT] for n in profiled)
+    assert profiled == {*_scale_out_servers(compose), "postgres", "vllm"} and len(profiled) >= 4
+    assert all(services[n]["profiles"] == [ENGINE if n == "vllm" else SCALE_OUT] for n in profiled)
 
 
 def test_scale_out_servers_each_have_a_gpu_a_name_and_a_port_and_wait_for_postgres(compose: dict[str, Any]) -> None:
@@ -186,6 +186,26 @@ def test_scale_out_servers_each_have_a_gpu_a_name_and_a_port_and_wait_for_postgr
             k: v for k, v in services[SERVER]["environment"].items() if k != "CACHE_SERVER_INSTANCE"
         }
     assert "pg_isready" in services["postgres"]["healthcheck"]["test"]
+
+
+def test_engine_profile_serves_the_targets_directory_where_the_server_points(raw: dict[str, Any]) -> None:
+    env = {**SAMPLE_ENV, "CACHE_SERVER_GENERATOR": "http://vllm:8000"}
+    services = _resolve(raw, env)["services"]
+    engine, server = services["vllm"], services[SERVER]
+    assert ":" in engine["image"] and not engine["image"].endswith(":latest"), "pin the engine image"
+    args = dict(a.removeprefix("--").split("=", 1) for a in engine["command"])
+    model_mount = server["environment"]["CACHE_SERVER_MODEL"]
+    assert _mounts(engine)[args["model"]] == _mounts(server)[model_mount] == (SAMPLE_ENV["TARGET_MODEL_DIR"], True)
+    assert 0 < float(args["gpu-memory-utilization"]) < 1  # the rest of the GPU is the cache server's
+    assert args["dtype"] == server["environment"]["CACHE_SERVER_DTYPE"]
+    generator = urlsplit(server["environment"]["CACHE_SERVER_GENERATOR"])
+    assert (generator.hostname, generator.port) == ("vllm", int(args["port"])) and args["host"] == "0.0.0.0"
+    assert server["depends_on"]["vllm"] == {"condition": "service_healthy", "required": False}
+    [url] = re.findall(r"https?://[^'\"\s)]+", " ".join(engine["healthcheck"]["test"]))
+    assert urlsplit(url).path == "/health" and urlsplit(url).port == int(args["port"])
+    ServeSettings(model=Path("/m"), store="/s", generator=server["environment"]["CACHE_SERVER_GENERATOR"])
+    assert services[SERVER]["environment"]["CACHE_SERVER_GENERATOR"] == "http://vllm:8000"
+    assert _resolve(raw, SAMPLE_ENV)["services"][SERVER]["environment"]["CACHE_SERVER_GENERATOR"] == "hf"
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))

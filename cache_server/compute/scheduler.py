@@ -13,42 +13,24 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
 
 from cache_server.capture.target import Captured, Target
 from cache_server.compute.metrics import Metrics
+from cache_server.compute.progress import Progress
 from cache_server.compute.registry import Registration, Registry
+from cache_server.compute.responses import ComputeTask, Responses
 from cache_server.coordination.captures import CaptureQueue
 from cache_server.errors import PromptFailed
-from cache_server.generation.engine import EngineClient, EngineRefused
-from cache_server.generation.engine_stage import EngineStage
+from cache_server.generation.engine import EngineClient
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
-from schemas.prompts import GeneratorInfo
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ComputeTask:
-    """One claimed prompt to run through the target, for `layers`; `sequence` (prompt + response) and
-    how its response was made, once known."""
-
-    reg: Registration
-    layers: set[int]
-    sequence: list[int] | None = None
-    generator: GeneratorInfo | None = None
-
-    @property
-    def tokens(self) -> int:
-        """Tokens this task adds to a capture batch."""
-        return len(self.sequence) if self.sequence is not None else self.reg.prompt_len + (self.reg.max_new_tokens or 0)
 
 
 class Scheduler:
@@ -83,28 +65,20 @@ class Scheduler:
         self.registry = registry
         self.capture_layers = sorted(capture_layers)
         self._batch_tokens = batch_tokens
-        self._generate_batch = generate_batch
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._held: set[str] = set()  # claimed by this server, not yet finished
         self._finished: dict[str, Future[None]] = {}
-        self._ready: list[ComputeTask] = []  # sequence known, waiting for a capture batch
-        self._in_process: list[ComputeTask] = []  # waiting for the target to generate their responses
-        self._at_engine: dict[str, ComputeTask] = {}
-        self.generator = engine.engine.info if engine is not None else GeneratorInfo(kind="hf")
-        self._engine = None
-        self._generation_slots = generate_batch
-        if engine is not None:
-            self._generation_slots = generator_concurrency
-            self._engine = EngineStage(
-                engine, answered=self._answered, refused=self._fail, on_error=metrics.generator_errors.inc
-            )
         self._wake = threading.Event()
+        self.responses = Responses(
+            target, store, generate_batch=generate_batch, engine=engine, concurrency=generator_concurrency,
+            fail=self._fail, wake=self._wake.set, on_engine_error=metrics.generator_errors.inc,
+        )  # fmt: skip
         self._stopping = threading.Event()
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-writer")
         self._thread = threading.Thread(target=self._compute_loop, name="target-compute", daemon=True)
         self._renewer = threading.Thread(target=self._renew_loop, name="capture-leases", daemon=True)
-        self._progress = _Progress()
+        self._progress = Progress()
 
     def start(self) -> None:
         """Start computing and renewing leases."""
@@ -116,8 +90,7 @@ class Scheduler:
         included) goes back to the queue."""
         self._stopping.set()
         self._wake.set()
-        if self._engine is not None:
-            self._engine.close()
+        self.responses.close()
         for thread in (self._thread, self._renewer):
             if thread.is_alive():
                 thread.join()
@@ -165,35 +138,27 @@ class Scheduler:
     def _compute_loop(self) -> None:
         while not self._stopping.is_set():
             self._claim_more()
-            if self._in_process and self._ready_tokens() < self._batch_tokens:
-                self._generate_in_process()
-            elif batch := self._take_ready():
+            if self.responses.waiting_in_process() and self.responses.ready_tokens() < self._batch_tokens:
+                self.responses.generate_in_process()
+            elif batch := self.responses.take(self._batch_tokens):
                 self._run_batch(batch)
             else:
                 self._wake.wait(self._poll_s)  # an engine's answer, new work, or some on another server
                 self._wake.clear()
 
-    def _ready_tokens(self) -> int:
-        with self._lock:
-            return sum(task.tokens for task in self._ready)
-
-    def _generating(self) -> int:
-        with self._lock:
-            return len(self._in_process) + len(self._at_engine)
-
     def _claim_more(self) -> None:
         """Claim work while a capture batch or a generation slot has room."""
         while (
             not self._stopping.is_set()
-            and self._ready_tokens() < self._batch_tokens
-            and self._generating() < self._generation_slots
+            and self.responses.ready_tokens() < self._batch_tokens
+            and self.responses.generating() < self.responses.slots
         ):
             claimed = self.captures.claim()
             if claimed is None:
                 return
             task = self._task_for(claimed.prompt_id, set(claimed.layers))
             if task is not None:
-                self._route(task)
+                self.responses.add(task)
 
     def _task_for(self, pid: str, layers: set[int]) -> ComputeTask | None:
         """The task of a claim; None when it failed or another server already published it."""
@@ -212,79 +177,6 @@ class Scheduler:
             self._finish(pid)
             return None
         return ComputeTask(reg, wanted)
-
-    def _route(self, task: ComputeTask) -> None:
-        """To the capture batch when its tokens are known, else to whoever generates responses."""
-        reg = task.reg
-        try:
-            if self.store.manifest(reg.prompt_id) is not None:  # more layers of a stored prompt
-                task.sequence = [int(t) for t in self.store.token_ids(reg.prompt_id)]
-            elif reg.response_ids is not None or reg.max_new_tokens is None:
-                task.sequence, task.generator = (
-                    [*reg.prompt_ids, *(reg.response_ids or ())],
-                    GeneratorInfo(kind="given"),
-                )
-        except Exception as e:
-            self._fail(reg.prompt_id, e)
-            return
-        with self._lock:
-            if task.sequence is not None:
-                self._ready.append(task)
-            elif self._engine is not None:
-                self._at_engine[reg.prompt_id] = task
-            else:
-                self._in_process.append(task)
-        if task.sequence is None and self._engine is not None:
-            self._engine.submit(reg.prompt_id, reg.prompt_ids, reg.max_new_tokens or 0)
-
-    def _generate_in_process(self) -> None:
-        """The target's greedy responses to the waiting prompts, one `generate` call per max_new_tokens
-        value, each sorted by prompt length so that left padding stays short."""
-        with self._lock:
-            waiting, self._in_process = self._in_process, []
-        groups: dict[int, list[ComputeTask]] = {}
-        for task in sorted(waiting, key=lambda t: t.reg.prompt_len):
-            groups.setdefault(task.reg.max_new_tokens or 0, []).append(task)
-        for max_new, tasks in groups.items():
-            try:
-                responses = self.target.generate([t.reg.prompt_ids for t in tasks], max_new)
-            except Exception as e:
-                for task in tasks:
-                    self._fail(task.reg.prompt_id, e)
-                continue
-            for task, response in zip(tasks, responses, strict=True):
-                task.sequence, task.generator = [*task.reg.prompt_ids, *response], self.generator
-            with self._lock:
-                self._ready.extend(tasks)
-
-    def _answered(self, pid: str, response: list[int]) -> None:
-        """An engine's response (on its loop thread): checked, then queued for capture."""
-        with self._lock:
-            task = self._at_engine.pop(pid, None)
-        if task is None:
-            return
-        max_new = task.reg.max_new_tokens or 0
-        try:
-            if len(response) > max_new:
-                raise EngineRefused(f"the engine answered {len(response)} tokens, more than max_tokens {max_new}")
-            self.target.check_token_ids(response, "the engine's response")
-        except Exception as e:
-            self._fail(pid, e)
-            return
-        task.sequence, task.generator = [*task.reg.prompt_ids, *response], self.generator
-        with self._lock:
-            self._ready.append(task)
-        self._wake.set()
-
-    def _take_ready(self) -> list[ComputeTask]:
-        """Ready tasks up to the token budget (at least one)."""
-        with self._lock:
-            batch: list[ComputeTask] = []
-            tokens = 0
-            while self._ready and (not batch or tokens + self._ready[0].tokens <= self._batch_tokens):
-                batch.append(self._ready.pop(0))
-                tokens += batch[-1].tokens
-            return batch
 
     def _run_batch(self, batch: list[ComputeTask]) -> None:
         seqs = [task.sequence or [] for task in batch]
@@ -344,23 +236,3 @@ class Scheduler:
             waiters = self._finished.pop(prompt_id, None)
         if waiters is not None:
             waiters.set_result(None)
-
-
-class _Progress:
-    """Logs, at most every `every_s` while the target works, how many prompts it computed and how fast."""
-
-    def __init__(self, every_s: float = 5.0) -> None:
-        self._every_s = every_s
-        self._since = self._last = time.monotonic()
-        self._count = self._logged = 0
-
-    def computed(self, n: int) -> None:
-        """`n` more prompts computed."""
-        now = time.monotonic()
-        if self._count == self._logged and now - self._last > self._every_s:  # idle since the last line
-            self._since = now
-        self._count += n
-        if now - self._last >= self._every_s or self._logged == 0:
-            rate = (self._count - self._logged) / max(now - self._since, 1e-9)
-            log.info("computed %d prompts, %.1f prompts/s", self._count, rate)
-            self._last, self._since, self._logged = now, now, self._count

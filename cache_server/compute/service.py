@@ -114,7 +114,7 @@ class HiddenStateService:
             max_position_embeddings=info.max_position_embeddings,
             dtype=dtype_name(info.dtype),
             capture_layers=self.capture_layers,
-            generator=self.scheduler.generator,
+            generator=self.scheduler.responses.generator,
             chat_template_sha256=self.target.chat_template_sha256,
             instance=self.instance,
         )

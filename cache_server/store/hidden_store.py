@@ -43,14 +43,11 @@ from schemas.safetensors_frame import numpy_dtype
 
 
 class HiddenStore:
-    """One model's hidden states under `<store>/<fingerprint>`.
-
-    Any number of HiddenStores, in any number of processes, may share a namespace: what they write is
-    invisible until its manifest is, and orphans are removed only once older than `orphan_grace_s`.
-    Two writers never write one prompt at once: within a process a per-prompt lock guards it, across
-    processes the capture leases of the coordination database do. Reads need no lock: published
-    arrays never change, and checksums catch one that did.
-    """
+    """One model's hidden states under `<store>/<fingerprint>`. Any number of HiddenStores, in any
+    number of processes, may share a namespace: what they write is invisible until its manifest is, and
+    orphans are removed only once older than `orphan_grace_s`. Two writers never write one prompt at
+    once: a per-prompt lock within a process, the coordination database's capture leases across them.
+    Reads need no lock: published arrays never change, and checksums catch one that did."""
 
     def __init__(
         self,
@@ -156,8 +153,8 @@ class HiddenStore:
         greedy_mismatches: int | None = None,
         generator: GeneratorInfo | None = None,
     ) -> PromptManifest:
-        """Publish `layers` ({k: [T, H] CPU tensor}); on a published prompt, add the ones it lacks
-        (its manifest keeps the first write's `greedy_mismatches` and `generator`)."""
+        """Publish `layers` ({k: [T, H] CPU tensor}); on a published prompt, add the ones it lacks (its
+        manifest keeps the first write's `greedy_mismatches` and `generator`)."""
         check_name(prompt_id, "prompt id")
         ids = publish.check_tokens(token_ids, prompt_len)
         shape, storage = (len(ids), self.hidden_size), self._storage_dtype
@@ -274,7 +271,8 @@ class HiddenStore:
         new_layers: dict[int, int],
         response: tuple[int | None, GeneratorInfo | None],
     ) -> PromptManifest:
-        """Write the manifest (new layers -> the crc32 of their zarr.json), the last step."""
+        """Write the manifest (new layers -> the crc32 of their zarr.json; `response`: a new prompt's
+        greedy mismatches and generator), the last step."""
         if old is not None:
             crc32 = {**(old.layer_crc32 or {}), **new_layers}
             m = old.model_copy(update={"layers": tuple(sorted({*new_layers, *old.layers})), "layer_crc32": crc32})
