@@ -14,8 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cache_server", "eval_worker", "schemas")
 HEAVY = {"torch", "transformers", "zarr", "fastapi", "uvicorn", "matplotlib", "starlette", "numcodecs"}
-SERVER_SIDE = ("cache_server.capture", "cache_server.generation", "cache_server.store", "cache_server.compute", "cache_server.api",
-               "cache_server.jobs", "cache_server.cli", "cache_server.settings")  # fmt: skip
+SERVER_SIDE = ("cache_server.capture", "cache_server.generation", "cache_server.store", "cache_server.compute",
+               "cache_server.api", "cache_server.jobs", "cache_server.cli", "cache_server.settings")  # fmt: skip
 
 
 def _modules(package: str) -> list[str]:

@@ -70,7 +70,7 @@ def test_answers_are_read_by_status() -> None:
     assert response_tokens(ok) == [1, 2]
     with pytest.raises(EngineUnavailable, match="HTTP 503: overloaded"):
         response_tokens(httpx.Response(503, json={"error": {"message": "overloaded"}}, request=request))
-    with pytest.raises(EngineRefused, match="HTTP 400.*too long"):
+    with pytest.raises(EngineRefused, match=r"HTTP 400.*too long"):
         response_tokens(httpx.Response(400, json={"error": {"message": "too long"}}, request=request))
     with pytest.raises(EngineRefused, match="no choices"):
         response_tokens(httpx.Response(200, json={}, request=request))
