@@ -53,7 +53,6 @@ class Responses:
         on_engine_error: Callable[[], None],
     ) -> None:
         self.target, self.store = target, store
-        self._generate_batch = generate_batch
         self._fail, self._wake = fail, wake
         self._lock = threading.Lock()
         self._ready: list[ComputeTask] = []
@@ -63,7 +62,7 @@ class Responses:
         self.slots = concurrency if engine is not None else generate_batch  # generations at once
         self._engine = None
         if engine is not None:
-            self._engine = EngineStage(engine, answered=self._answered, refused=fail, on_error=on_engine_error)
+            self._engine = EngineStage(engine, answered=self._answered, refused=self._refused, on_error=on_engine_error)
 
     def close(self) -> None:
         """Drop the engine's generations in flight (their prompts stay claimable)."""
@@ -136,6 +135,12 @@ class Responses:
                 batch.append(self._ready.pop(0))
                 tokens += batch[-1].tokens
             return batch
+
+    def _refused(self, pid: str, error: Exception) -> None:
+        """The engine refused this prompt: it fails alone."""
+        with self._lock:
+            self._at_engine.pop(pid, None)
+        self._fail(pid, error)
 
     def _answered(self, pid: str, response: list[int]) -> None:
         """An engine's response (on its loop thread): checked, then ready."""

@@ -118,16 +118,19 @@ def test_an_engine_serving_another_model_refuses_the_start(
 
 
 def test_a_prompt_the_engine_refuses_fails_alone(engine: VllmServer, engine_target: Path, tmp_path: Path) -> None:
-    with _served(engine_target, tmp_path / "store", engine) as url, CacheClient(url) as client:
-        ok = [p.prompt_id for p in client.register([{"text": t} for t in TEXTS[:3]], max_new_tokens=16)]
-        too_long = client.register([{"text": TEXTS[3]}], max_new_tokens=600)[0].prompt_id  # engine context 512
-        client.wait_ready(ok, timeout_s=120)
-        deadline = time.monotonic() + 60
-        while (state := client.prompt(too_long)).status == "pending" and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert state.status == "failed"
-        assert state.error is not None and "max_model_len" in state.error and "HTTP 400" in state.error
-        assert all(client.prompt(p).status == "ready" for p in ok)
+    # One request in flight at a time: the refused prompt must give its slot back for the others.
+    store = tmp_path / "store"
+    with running_server(engine_target, store, "--generator", engine.url, "--generator-concurrency", "1") as url:
+        with CacheClient(url) as client:
+            too_long = client.register([{"text": TEXTS[3]}], max_new_tokens=600)[0].prompt_id  # engine context 512
+            deadline = time.monotonic() + 60
+            while (state := client.prompt(too_long)).status == "pending" and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert state.status == "failed"
+            assert state.error is not None and "max_model_len" in state.error and "HTTP 400" in state.error
+            ok = [p.prompt_id for p in client.register([{"text": t} for t in TEXTS[:3]], max_new_tokens=16)]
+            client.wait_ready(ok, timeout_s=120)
+            assert client.prompt(too_long).status == "failed"
 
 
 def test_the_engine_killed_mid_run_loses_nothing(
