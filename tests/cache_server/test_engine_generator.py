@@ -59,8 +59,10 @@ def in_process(engine_target: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(engine_target, dtype=torch.float32).eval()
 
 
-def _served(engine_target: Path, store: Path, engine: VllmServer, *extra: str):  # type: ignore[no-untyped-def]
-    return running_server(engine_target, store, "--generator", engine.url, "--generator-concurrency", "8", *extra)
+def _served(engine_target: Path, store: Path, engine: VllmServer, *extra: str, concurrency: int = 8):  # type: ignore[no-untyped-def]
+    return running_server(
+        engine_target, store, "--generator", engine.url, "--generator-concurrency", str(concurrency), *extra
+    )
 
 
 def test_engine_responses_are_the_targets_greedy_tokens_and_states_a_direct_forward(
@@ -119,18 +121,17 @@ def test_an_engine_serving_another_model_refuses_the_start(
 
 def test_a_prompt_the_engine_refuses_fails_alone(engine: VllmServer, engine_target: Path, tmp_path: Path) -> None:
     # One request in flight at a time: the refused prompt must give its slot back for the others.
-    store = tmp_path / "store"
-    with running_server(engine_target, store, "--generator", engine.url, "--generator-concurrency", "1") as url:
-        with CacheClient(url) as client:
-            too_long = client.register([{"text": TEXTS[3]}], max_new_tokens=600)[0].prompt_id  # engine context 512
-            deadline = time.monotonic() + 60
-            while (state := client.prompt(too_long)).status == "pending" and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert state.status == "failed"
-            assert state.error is not None and "max_model_len" in state.error and "HTTP 400" in state.error
-            ok = [p.prompt_id for p in client.register([{"text": t} for t in TEXTS[:3]], max_new_tokens=16)]
-            client.wait_ready(ok, timeout_s=120)
-            assert client.prompt(too_long).status == "failed"
+    one_at_a_time = _served(engine_target, tmp_path / "store", engine, concurrency=1)
+    with one_at_a_time as url, CacheClient(url) as client:
+        too_long = client.register([{"text": TEXTS[3]}], max_new_tokens=600)[0].prompt_id  # engine context 512
+        deadline = time.monotonic() + 60
+        while (state := client.prompt(too_long)).status == "pending" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert state.status == "failed"
+        assert state.error is not None and "max_model_len" in state.error and "HTTP 400" in state.error
+        ok = [p.prompt_id for p in client.register([{"text": t} for t in TEXTS[:3]], max_new_tokens=16)]
+        client.wait_ready(ok, timeout_s=120)
+        assert client.prompt(too_long).status == "failed"
 
 
 def test_the_engine_killed_mid_run_loses_nothing(
