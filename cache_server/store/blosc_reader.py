@@ -40,8 +40,8 @@ class BloscChunks:
 
     @property
     def chunk_nbytes(self) -> int:
-        """Compressed size of chunk `c` (its file's size)."""
-        return self.chunk_rows * self.width * self.dtype.itemsize  # the last chunk is padded to full size
+        """Decoded size of every chunk (the last one is padded to the full chunk)."""
+        return self.chunk_rows * self.width * self.dtype.itemsize
 
     def pieces(self, start: int, stop: int) -> list[tuple[int, int, int, int]]:
         """Rows start:stop (stop > start) as (chunk, lo, hi, at): rows lo:hi of `chunk` are rows at:at+hi-lo
@@ -88,6 +88,7 @@ def blosc_chunks(md: ArrayV3Metadata, blobs: Blobs, array: str) -> BloscChunks |
 # each compressed on its own: a row range needs only the blocks that hold it.
 _BLOSC_HEADER = struct.Struct("<BBBBIII")
 _MEMCPYED = 0x02
+_DONTSPLIT = 0x10
 
 
 @contextmanager
@@ -147,7 +148,12 @@ def _blocks_holding(
     _read_at(fd, out[offset:], starts[first], chunk)  # the blocks, back to back as on disk
     shift = offset - starts[first]
     sub_nbytes = min(nbytes, (last + 1) * blocksize) - first * blocksize
-    _BLOSC_HEADER.pack_into(out, 0, version, versionlz, flags, typesize, sub_nbytes, blocksize, offset + span)
+    sub_blocksize = blocksize
+    if sub_nbytes < blocksize:
+        # Only the chunk's last, shorter block: Blosc refuses a block size larger than the whole, so the
+        # block becomes the whole (the last block of a chunk is never split into streams, as DONTSPLIT says).
+        sub_blocksize, flags = sub_nbytes, flags | _DONTSPLIT
+    _BLOSC_HEADER.pack_into(out, 0, version, versionlz, flags, typesize, sub_nbytes, sub_blocksize, offset + span)
     struct.pack_into(f"<{count}i", out, _BLOSC_HEADER.size, *(starts[k] + shift for k in range(first, last + 1)))
     return out, lo - first * blocksize
 

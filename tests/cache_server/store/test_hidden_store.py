@@ -533,3 +533,57 @@ def test_a_new_prompt_is_published_once(open_store: OpenStore, monkeypatch: pyte
         b.write("p1", TOKENS, 10, {3: make_layer(99, torch.bfloat16)})  # other bytes under the same keys
     with pytest.raises(StoreCorrupt, match="checksum"):
         read(open_store(), "p1", [3])
+
+
+# rows x width x dtype: one chunk with a shorter last block, one below a block, whole blocks then a
+# shorter one over several chunks (the last padded), incompressible data stored as is.
+RANGE_SHAPES = [(756, 512, torch.float32), (37, 640, torch.bfloat16), (900, 5120, torch.bfloat16),
+                (1500, 640, torch.float32), (2051, 1536, torch.float16), (300, 2560, "noise")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rows", "width", "kind"), RANGE_SHAPES, ids=lambda v: str(v).removeprefix("torch."))
+def test_every_row_range_reads_what_the_whole_prompt_holds(
+    store_root: str, rows: int, width: int, kind: torch.dtype | str
+) -> None:
+    """Ranges on each side of every Blosc block boundary and inside each chunk's last, shorter block,
+    decoded by the store (safetensors bodies) and as pieces (decoded by the client), equal the rows of
+    a whole-prompt read."""
+    from cache_server.client.pieces import decode_pieces
+    from cache_server.compute.pieces_body import pieces_body
+
+    dtype = torch.bfloat16 if kind == "noise" else kind
+    g = torch.Generator().manual_seed(rows)
+    if kind == "noise":  # incompressible bits: the chunk is stored as is
+        layer = torch.randint(-(2**15), 2**15, (rows, width), generator=g, dtype=torch.int16).view(torch.bfloat16)
+    else:
+        layer = torch.randn(rows, width, generator=g).to(dtype)
+    store = HiddenStore(store_root, fingerprint="ranges", model_name="t", hidden_size=width, dtype=dtype)
+    try:
+        manifest = store.write("p", np.arange(rows), 1, {0: layer, 1: layer.flip(0)})
+        whole = read_whole(store, rows, width)
+        row_bytes, block = width * layer.element_size(), arrays.BLOSC_BLOCKSIZE
+        chunk_rows = min(arrays.CHUNK_TOKENS, rows)
+        edges = {0, rows}
+        for c0 in range(0, rows, chunk_rows):  # block boundaries inside each chunk, and its end
+            chunk_end = min(c0 + chunk_rows, rows)
+            edges |= {c0 + k * block // row_bytes for k in range(1, chunk_rows * row_bytes // block + 1)} | {chunk_end}
+        edges = {e for e in edges if e <= rows}  # the last chunk is padded: its blocks run past the prompt
+        ranges = {(max(e - 1, 0), min(e + 1, rows)) for e in edges}
+        ranges |= {(e, min(e + 3, rows)) for e in edges if e < rows} | {(max(e - 3, 0), e) for e in edges if e > 0}
+        ranges |= {(rows - 1, rows), (rows // 2, rows), (0, rows)}
+        for start, stop in sorted(r for r in ranges if r[0] < r[1]):
+            out = np.empty((stop - start, 2 * width), store.numpy_dtype)
+            store.read_into("p", [0, 1], out, start, stop)
+            assert np.array_equal(out.view(np.uint8), whole[start:stop].view(np.uint8)), (start, stop)
+            body = pieces_body(store, manifest, [0, 1], start, stop, {}).joined()
+            hidden, token_ids, _ = decode_pieces(body)
+            assert np.array_equal(hidden.view(np.uint8), whole[start:stop].view(np.uint8)), ("pieces", start, stop)
+            assert token_ids.tolist() == list(range(start, stop))
+    finally:
+        store.close()
+
+
+def read_whole(store: HiddenStore, rows: int, width: int) -> np.ndarray:
+    out = np.empty((rows, 2 * width), store.numpy_dtype)
+    store.read_into("p", [0, 1], out)
+    return out
