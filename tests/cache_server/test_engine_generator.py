@@ -153,3 +153,22 @@ def test_the_engine_killed_mid_run_loses_nothing(
             tokens = state.token_ids or []
             assert tokens == greedy_continuation(in_process, tokens[: state.prompt_len], 24)
         assert httpx.get(f"{url}/healthz").status_code == 200
+
+
+def test_a_server_stopped_mid_generation_leaves_its_prompts_to_the_next(
+    engine: VllmServer, engine_target: Path, in_process: torch.nn.Module, tmp_path: Path
+) -> None:
+    texts = [f"{t} {i}" for i in range(2) for t in TEXTS]
+    with _served(engine_target, tmp_path / "store", engine) as url, CacheClient(url) as client:
+        ids = [p.prompt_id for p in client.register([{"text": t} for t in texts], max_new_tokens=160)]
+        time.sleep(1)  # generations in flight on the engine
+        assert any(client.prompt(p).status == "pending" for p in ids)
+        stopped_at = time.monotonic()
+    assert time.monotonic() - stopped_at < 20  # generations in flight are dropped, not awaited
+    with _served(engine_target, tmp_path / "store", engine) as url, CacheClient(url) as client:
+        client.wait_ready(ids, timeout_s=300)
+        for pid in ids:
+            state = client.prompt(pid)
+            tokens = state.token_ids or []
+            prompt = torch.tensor([tokens[: state.prompt_len]])
+            assert tokens == in_process.generate(prompt, max_new_tokens=160, do_sample=False)[0].tolist()
