@@ -14,6 +14,7 @@ CacheServerError
 ├── JobNotFound             no job with that id (404)
 ├── ReportNotReady          the job has no report yet (404)
 ├── PromptNotReady          still computing after the bounded wait (503 + Retry-After)
+├── ServerUnhealthy         a background loop is dead or has failed too long (503, GET /healthz)
 ├── PromptFailed            the target failed on this prompt (409)
 ├── JobFailed               the job failed, so it will never have a report (409)
 ├── JobRunning              a running job cannot be deleted (409)
@@ -63,6 +64,12 @@ class PromptNotReady(CacheServerError):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class ServerUnhealthy(CacheServerError):
+    """A background loop of the server is dead, or has failed for longer than its bound."""
+
+    code = ErrorCode.server_unhealthy
 
 
 class PromptFailed(CacheServerError):

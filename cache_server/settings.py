@@ -74,6 +74,9 @@ class ServeSettings(BaseSettings):
         "names to devices, as transformers' device_map; --device is then ignored",
     )
     wait_s: float = Field(default=30.0, gt=0, description="how long GET /hidden waits for a pending prompt")
+    unhealthy_after_s: float = Field(
+        default=30.0, gt=0, description="GET /healthz answers 503 once a background loop has failed this long"
+    )
     read_threads: int = Field(default=4, ge=1, description="threads decoding stored chunks")
     stream_hidden: bool = Field(
         default=True,

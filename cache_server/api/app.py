@@ -69,6 +69,7 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
         generate_batch=settings.generate_batch,
         engine=engine,
         generator_concurrency=settings.generator_concurrency,
+        unhealthy_after_s=settings.unhealthy_after_s,
         wait_s=settings.wait_s,
         stream_hidden=settings.stream_hidden,
     )

@@ -33,9 +33,11 @@ def _binary(media_type: str, what: str, *codes: E) -> dict[int | str, dict[str, 
 router = APIRouter()
 
 
-@router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """Liveness: answers once the target is loaded and the store is open."""
+@router.get("/healthz", responses=error_responses(E.server_unhealthy))
+def healthz(service: ServiceDep) -> dict[str, str]:
+    """Health: ok once the target is loaded and the store is open, while every background loop runs and
+    succeeds; 503 `server_unhealthy` naming the loop once one is dead or has failed past its bound."""
+    service.check_health()
     return {"status": "ok"}
 
 

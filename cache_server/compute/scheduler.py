@@ -20,6 +20,7 @@ from types import MappingProxyType
 import numpy as np
 
 from cache_server.capture.target import Captured, Target
+from cache_server.compute.health import Health
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.progress import Progress
 from cache_server.compute.registry import Registration, Registry
@@ -31,6 +32,8 @@ from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
 
 log = logging.getLogger(__name__)
+
+_FIRST_BACKOFF_S, _MAX_BACKOFF_S = 0.5, 10.0  # between failed rounds of the compute loop
 
 
 class Scheduler:
@@ -56,6 +59,7 @@ class Scheduler:
         generate_batch: int = 16,
         engine: EngineClient | None = None,
         generator_concurrency: int = 64,
+        health: Health | None = None,
         poll_s: float = 0.2,
     ) -> None:
         self.target = target
@@ -63,6 +67,7 @@ class Scheduler:
         self.metrics = metrics
         self.captures = captures
         self.registry = registry
+        self.health = health if health is not None else Health(bound_s=30.0)
         self.capture_layers = sorted(capture_layers)
         self._batch_tokens = batch_tokens
         self._poll_s = poll_s
@@ -82,6 +87,8 @@ class Scheduler:
 
     def start(self) -> None:
         """Start computing and renewing leases."""
+        self.health.watch("compute", self._thread)
+        self.health.watch("capture-lease", self._renewer)
         self._thread.start()
         self._renewer.start()
 
@@ -89,6 +96,7 @@ class Scheduler:
         """Finish the batch in hand, publish it and stop; work not started (generations in flight
         included) goes back to the queue."""
         self._stopping.set()
+        self.health.stopping()
         self._wake.set()
         self.responses.close()
         for thread in (self._thread, self._renewer):
@@ -136,15 +144,28 @@ class Scheduler:
     # -- compute thread -------------------------------------------------------------------------
 
     def _compute_loop(self) -> None:
+        backoff = _FIRST_BACKOFF_S
         while not self._stopping.is_set():
-            self._claim_more()
-            if self.responses.waiting_in_process() and self.responses.ready_tokens() < self._batch_tokens:
-                self.responses.generate_in_process()
-            elif batch := self.responses.take(self._batch_tokens):
-                self._run_batch(batch)
+            try:
+                self._compute_round()
+            except Exception as e:  # the database away, say: keep trying, and say so on /healthz
+                self.health.failing("compute", e)
+                log.error("compute loop: %s (retrying in %.1f s)", e, backoff, exc_info=e)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
             else:
-                self._wake.wait(self._poll_s)  # an engine's answer, new work, or some on another server
-                self._wake.clear()
+                self.health.ok("compute")
+                backoff = _FIRST_BACKOFF_S
+
+    def _compute_round(self) -> None:
+        self._claim_more()
+        if self.responses.waiting_in_process() and self.responses.ready_tokens() < self._batch_tokens:
+            self.responses.generate_in_process()
+        elif batch := self.responses.take(self._batch_tokens):
+            self._run_batch(batch)
+        else:
+            self._wake.wait(self._poll_s)  # an engine's answer, new work, or some on another server
+            self._wake.clear()
 
     def _claim_more(self) -> None:
         """Claim work while a capture batch or a generation slot has room."""
@@ -200,7 +221,10 @@ class Scheduler:
             try:
                 self.captures.renew(held)
             except Exception as e:  # the database is away: keep trying; the leases may expire meanwhile
+                self.health.failing("capture-lease", e)
                 log.warning("could not renew capture leases: %s", e)
+            else:
+                self.health.ok("capture-lease")
 
     def _publish(self, task: ComputeTask, seq: list[int], out: Captured) -> None:
         layers = {k: out.states[k] for k in task.layers}
@@ -219,14 +243,20 @@ class Scheduler:
         self._finish(task.reg.prompt_id)
 
     def _finish(self, prompt_id: str) -> None:
-        if not self.captures.done(prompt_id):
-            log.warning("prompt %s: published, but its capture lease had passed to another server", prompt_id)
+        try:
+            if not self.captures.done(prompt_id):
+                log.warning("prompt %s: published, but its capture lease had passed to another server", prompt_id)
+        except Exception as e:  # its lease expires, and whoever takes the prompt over finds it published
+            log.error("prompt %s: published, but the capture table could not say so: %s", prompt_id, e)
         self._release(prompt_id)
 
     def _fail(self, prompt_id: str, error: Exception) -> None:
         log.error("prompt %s failed: %s", prompt_id, error, exc_info=error)
         self.metrics.prompts_failed.inc()
-        self.captures.fail(prompt_id, f"{type(error).__name__}: {error}")
+        try:
+            self.captures.fail(prompt_id, f"{type(error).__name__}: {error}")
+        except Exception as e:  # released all the same: its lease expires and the prompt is tried again
+            log.error("prompt %s: its failure could not be recorded: %s", prompt_id, e)
         self._release(prompt_id)
 
     def _release(self, prompt_id: str) -> None:

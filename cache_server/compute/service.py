@@ -12,6 +12,7 @@ from functools import cached_property
 
 from cache_server.capture.target import Target
 from cache_server.compute.bodies import heads_body, hidden_body, hidden_metadata
+from cache_server.compute.health import Health
 from cache_server.compute.instances import default_db_location, default_instance, import_store_registrations
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.pieces_body import PiecesBody, pieces_body
@@ -22,7 +23,7 @@ from cache_server.compute.sets import SetRegistry
 from cache_server.compute.streaming import BlockBuffers, HiddenStream, hidden_stream
 from cache_server.coordination.captures import CaptureQueue
 from cache_server.coordination.database import Database
-from cache_server.errors import InvalidLayers, InvalidPrompt, PromptNotReady
+from cache_server.errors import InvalidLayers, InvalidPrompt, PromptNotReady, ServerUnhealthy
 from cache_server.generation.engine import EngineClient
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
@@ -55,6 +56,7 @@ class HiddenStateService:
         generate_batch: int = 16,
         engine: EngineClient | None = None,
         generator_concurrency: int = 64,
+        unhealthy_after_s: float = 30.0,
         wait_s: float = 30.0,
         stream_hidden: bool = True,
     ) -> None:
@@ -69,9 +71,11 @@ class HiddenStateService:
         self.prompts = PromptStates(store, self.registry, self.sets, captures)
         metrics.watch_pending(self.prompts.pending_count)
         metrics.name_instance(self.instance)
+        self.health = Health(bound_s=unhealthy_after_s)
         self.scheduler = Scheduler(
             target, store, metrics, captures, self.registry, capture_layers=capture_layers, batch_tokens=batch_tokens,
             generate_batch=generate_batch, engine=engine, generator_concurrency=generator_concurrency,
+            health=self.health,
         )  # fmt: skip
         self._wait_s = wait_s
         self.stream_hidden = stream_hidden
@@ -101,6 +105,12 @@ class HiddenStateService:
         self._stream_pool.shutdown(wait=True)
         self.store.close()
         self.db.close()
+
+    def check_health(self) -> None:
+        """ServerUnhealthy naming every dead or long-failing background loop."""
+        problems = self.health.problems()
+        if problems:
+            raise ServerUnhealthy("; ".join(problems))
 
     def model_info(self) -> ModelInfo:
         """`GET /model`."""

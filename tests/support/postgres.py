@@ -27,38 +27,63 @@ def _as_postgres(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
 
+class PostgresCluster:
+    """A fresh cluster on a loopback port (trust auth), which can be stopped and started again on the
+    same port and data (the database going away under a running server)."""
+
+    def __init__(self) -> None:
+        bin_dir = postgres_bin()
+        if bin_dir is None:
+            raise FileNotFoundError("Postgres is not installed (apt-get install postgresql)")
+        self._bin, self.root = bin_dir, Path(tempfile.mkdtemp(prefix="hsc-postgres-"))
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres", "postgres")
+        self._data, self.port = self.root / "data", free_port()
+        subprocess.run(_as_postgres([str(bin_dir / "initdb"), "-D", str(self._data), "-A", "trust", "-U", "postgres"]),
+                       check=True, capture_output=True)  # fmt: skip
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections."""
+        with (self.root / "postgres.log").open("ab") as log:
+            self._proc = subprocess.Popen(
+                _as_postgres([str(self._bin / "postgres"), "-D", str(self._data), "-h", "127.0.0.1",
+                              "-p", str(self.port), "-k", str(self.root), "-c", "fsync=off",
+                              "-c", "max_connections=200"]),
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while subprocess.run([str(self._bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
+                             capture_output=True).returncode != 0:  # fmt: skip
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"postgres did not start: {(self.root / 'postgres.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown: open connections are cut)."""
+        if self._proc is not None:
+            if self._proc.poll() is None:  # the postmaster, not `runuser` above it, decides when it is down
+                subprocess.run(_as_postgres([str(self._bin / "pg_ctl"), "-D", str(self._data), "-m", "fast", "-w",
+                                             "stop"]), capture_output=True, timeout=60)  # fmt: skip
+            self._proc.wait(timeout=30)
+            self._proc = None
+
+    def remove(self) -> None:
+        """Stop the server and delete the cluster."""
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 @contextmanager
 def postgres_server() -> Iterator[str]:
     """Starts a fresh cluster on 127.0.0.1; yields its `postgresql://` URL (trust auth, loopback only)."""
-    bin_dir = postgres_bin()
-    if bin_dir is None:
-        raise FileNotFoundError("Postgres is not installed (apt-get install postgresql)")
-    root = Path(tempfile.mkdtemp(prefix="hsc-postgres-"))
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres", "postgres")
-    data, port = root / "data", free_port()
-    subprocess.run(_as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"]),
-                   check=True, capture_output=True)  # fmt: skip
-    log = (root / "postgres.log").open("ab")
-    proc = subprocess.Popen(
-        _as_postgres([str(bin_dir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port),
-                      "-k", str(root), "-c", "fsync=off", "-c", "max_connections=200"]),
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    cluster = PostgresCluster()
     try:
-        deadline = time.monotonic() + 60
-        while subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
-                             capture_output=True).returncode != 0:  # fmt: skip
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"postgres did not start: {(root / 'postgres.log').read_text()[-2000:]}")
-            time.sleep(0.1)
-        yield url
+        cluster.start()
+        yield cluster.url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
-        shutil.rmtree(root, ignore_errors=True)
+        cluster.remove()
 
 
 def fresh_database(url: str, name: str) -> str:

@@ -1,0 +1,81 @@
+"""`/healthz` means it: 503 `server_unhealthy` once the compute loop is dead or the coordination
+database has been away past `--unhealthy-after-s`, 200 again once it is back, and nothing lost."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from cache_server.api.app import build_service, create_app
+from cache_server.compute.service import HiddenStateService
+from cache_server.settings import ServeSettings
+from tests.cache_server.helpers import register_ready, serve_settings
+from tests.support.postgres import PostgresCluster, postgres_bin
+
+DIES = 15  # a prompt starting with this token id ends the compute thread
+
+
+class _Dies(BaseException):
+    """Escapes every `except Exception`: the thread it is raised in ends."""
+
+
+def _dying(settings: ServeSettings) -> HiddenStateService:
+    service = build_service(settings)
+    capture = service.target.capture
+
+    def dying_capture(sequences: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(s[0] == DIES for s in sequences):
+            raise _Dies
+        return capture(sequences, *args, **kwargs)
+
+    service.target.capture = dying_capture  # type: ignore[method-assign]
+    return service
+
+
+def _wait_status(client: TestClient, status: int, within_s: float) -> tuple[httpx.Response, float]:
+    t0 = time.monotonic()
+    while (r := client.get("/healthz")).status_code != status:
+        assert time.monotonic() - t0 < within_s, f"/healthz stayed {r.status_code} for {within_s} s: {r.text}"
+        time.sleep(0.1)
+    return r, time.monotonic() - t0
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_compute_loop_makes_the_server_unhealthy(tiny_target: Path, tmp_path: Path) -> None:
+    settings = serve_settings(tiny_target, tmp_path / "store", wait_s=0.2)
+    with TestClient(create_app(settings, build=_dying)) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        assert client.post("/prompts", json={"prompts": [{"token_ids": [DIES, 5, 6]}]}).status_code == 202
+        r, _ = _wait_status(client, 503, within_s=10)
+    assert r.json()["error"] == {"code": "server_unhealthy", "message": "the compute loop has stopped"}
+
+
+def test_the_database_away_and_back(tiny_target: Path, tmp_path: Path) -> None:
+    if postgres_bin() is None:
+        if os.environ.get("CI"):
+            raise RuntimeError("CI must install Postgres (apt-get install postgresql)")
+        pytest.skip("Postgres is not installed (apt-get install postgresql); CI runs these tests")
+    cluster = PostgresCluster()
+    cluster.start()
+    bound = 1.0
+    settings = serve_settings(tiny_target, tmp_path / "store", db=cluster.url, unhealthy_after_s=bound)
+    try:
+        with TestClient(create_app(settings)) as client:
+            register_ready(client, [{"token_ids": [5, 6, 7]}])
+            assert client.get("/healthz").status_code == 200
+            cluster.stop()
+            r, took = _wait_status(client, 503, within_s=bound + 5)
+            message = r.json()["error"]["message"]
+            assert message.startswith("the compute loop has failed for") and "OperationalError" in message
+            cluster.start()
+            _, back = _wait_status(client, 200, within_s=15)  # the next round after its backoff
+            register_ready(client, [{"token_ids": [8, 9, 10]}])  # and it computes again
+    finally:
+        cluster.remove()
+    print(f"503 {took:.1f} s after the database stopped (bound {bound} s), 200 {back:.1f} s after it returned")
