@@ -41,7 +41,7 @@ def fill(store_dir: Path, model: Path, n: int) -> None:
             ids = tuple(int(x) for x in np.random.default_rng(i).integers(3, 400, TOKENS))
             reg = Registration(prompt_id=prompt_id_for(ids, None, None), prompt_ids=ids, response_ids=None,
                                max_new_tokens=None)  # fmt: skip
-            registry.add(reg)
+            registry.add_many([reg])
             store.write(reg.prompt_id, np.asarray(ids), TOKENS, {0: layer}, greedy_mismatches=0)
 
 

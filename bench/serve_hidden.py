@@ -119,8 +119,8 @@ def seed(
             pid = prompt_id_for(ids, None, None)
             data = {k: activation_like(tokens, info.hidden_size, info.dtype, seed=100 * i + k) for k in layers}
             store.write(pid, np.asarray(ids, dtype=np.int64), tokens, data)
-            registry.add(
-                Registration(prompt_id=pid, prompt_ids=ids, response_ids=None, max_new_tokens=None, name="bench")
+            registry.add_many(
+                [Registration(prompt_id=pid, prompt_ids=ids, response_ids=None, max_new_tokens=None, name="bench")]
             )
             pids.append(pid)
             if i == 0:

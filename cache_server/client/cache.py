@@ -261,11 +261,15 @@ class CacheClient:
         if self._spread_checked:
             return
         want = self.model().fingerprint
-        for reader in self._spread[1:]:
-            assert reader is not None  # feature servers come with real connections
-            got = httpx.get(f"{reader.base_url}/model", timeout=30).json().get("fingerprint")
+        for url in [r.base_url for r in self._spread[1:] if r is not None]:
+            try:  # through this client's pool: its token and timeout; a server that is down is unreachable
+                response = self._http.get(f"{url}/model")
+            except httpx.TransportError as e:
+                raise self._unreachable(e, url) from e
+            raise_for_error(response)
+            got = ModelInfo.model_validate(response.json()).fingerprint
             if got != want:
-                raise ProtocolError(f"{reader.base_url} serves target {got}, {self.base_url} serves {want}")
+                raise ProtocolError(f"{url} serves target {got}, {self.base_url} serves {want}")
         self._spread_checked = True
 
     def heads(self) -> TargetHeads:

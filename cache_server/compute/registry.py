@@ -54,10 +54,6 @@ class Registry:
         self._items: dict[str, Registration] = {}
         self._seen = 0  # the last seq copied
 
-    def add(self, reg: Registration) -> bool:
-        """Persist a registration; False if the id was already registered (a no-op)."""
-        return reg.prompt_id in self.add_many([reg])
-
     def add_many(self, regs: Sequence[Registration]) -> set[str]:
         """Persist registrations in one transaction; the ids that were not registered before."""
         table, wanted = REGISTRATIONS, {r.prompt_id: r for r in regs}

@@ -54,15 +54,12 @@ class CaptureQueue:
         self.db, self.namespace, self.owner = db, namespace, owner
         self.lease_s, self.max_attempts, self._now = lease_s, max_attempts, now
 
-    def request(self, prompt_id: str, layers: Iterable[int], *, retry_failed: bool = False) -> CaptureState:
-        """Ask for `layers` of a prompt: queued, unless a queued or running capture covers them.
-        A failed prompt stays failed unless `retry_failed` (a re-registration)."""
-        return self.request_many({prompt_id: layers}, retry_failed=retry_failed)[prompt_id]
-
     def request_many(
         self, wanted: Mapping[str, Iterable[int]], *, retry_failed: bool = False
     ) -> dict[str, CaptureState]:
-        """`request` for many prompts in one transaction; each prompt's state after it."""
+        """Ask for the layers of each prompt, in one transaction: queued, unless a queued or running capture
+        covers them; a failed prompt stays failed unless `retry_failed` (a re-registration). Each
+        prompt's state after it."""
         with self.db.transaction() as c:
             rows = {r.prompt_id: r for r in c.execute(select(CAPTURES).where(
                 CAPTURES.c.namespace == self.namespace, CAPTURES.c.prompt_id.in_(list(wanted))))}  # fmt: skip

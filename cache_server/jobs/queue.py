@@ -11,8 +11,7 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,11 +64,6 @@ class JobStore:
                     c.exec_driver_sql(statement)
             c.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-    @contextmanager
-    def _write(self) -> Iterator[Connection]:
-        with self.db.transaction() as c:
-            yield c
-
     def close(self) -> None:
         """Close the database if this store opened it."""
         if self._owned:
@@ -80,7 +74,7 @@ class JobStore:
     def submit(self, spec: JobSubmit, *, checkpoint_relative: str, target_fingerprint: str | None = None) -> JobState:
         """Queue a job; `spec.checkpoint` must already be the resolved path the worker will open."""
         job_id = uuid.uuid4().hex
-        with self._write() as c:
+        with self.db.transaction() as c:
             seq = max_seq(c, JOBS.c.seq) + 1
             c.execute(
                 JOBS.insert().values(
@@ -106,14 +100,14 @@ class JobStore:
 
     def get(self, job_id: str) -> JobState:
         """One job's state; JobNotFound if there is none."""
-        with self._write() as c:
+        with self.db.transaction() as c:
             self._fail_exhausted(c)
             return self._get(c, job_id)
 
     def page(self, offset: int = 0, limit: int = 100, status: JobStatus | None = None) -> JobPage:
         """Jobs in submission order."""
         where = JOBS.c.status == status.value if status is not None else literal(True)
-        with self._write() as c:
+        with self.db.transaction() as c:
             self._fail_exhausted(c)
             total = c.execute(select(func.count()).select_from(JOBS).where(where)).scalar_one()
             rows = c.execute(select(*STATE_COLUMNS).where(where).order_by(JOBS.c.seq).limit(limit).offset(offset))
@@ -122,7 +116,7 @@ class JobStore:
 
     def delete(self, job_id: str) -> None:
         """Remove a job that is not running, with its report (one transaction: no claim slips in)."""
-        with self._write() as c:
+        with self.db.transaction() as c:
             self._fail_exhausted(c)
             if self._row(c, job_id, JOBS.c.status)["status"] == JobStatus.running:
                 raise JobRunning(f"job {job_id} is running; it can be deleted once it is done or failed")
@@ -131,7 +125,7 @@ class JobStore:
     def done_reports(self, offset: int = 0, limit: int = 100) -> tuple[list[tuple[JobState, str]], int]:
         """Done jobs in submission order with their EvalReport JSON, and how many are done in all."""
         done = JOBS.c.status == "done"
-        with self._write() as c:
+        with self.db.transaction() as c:
             total = c.execute(select(func.count()).select_from(JOBS).where(done)).scalar_one()
             rows = c.execute(
                 select(*STATE_COLUMNS, JOBS.c.report).where(done).order_by(JOBS.c.seq).limit(limit).offset(offset)
@@ -140,7 +134,7 @@ class JobStore:
 
     def report(self, job_id: str) -> str:
         """The stored EvalReport JSON of a done job."""
-        with self._write() as c:
+        with self.db.transaction() as c:
             self._fail_exhausted(c)
             row = self._row(c, job_id, JOBS.c.status, JOBS.c.attempts, JOBS.c.max_attempts, JOBS.c.error, JOBS.c.report)
         if row["status"] == JobStatus.done:
@@ -157,7 +151,7 @@ class JobStore:
     def claim(self, worker: str, lease_s: float) -> Leased | None:
         """The oldest queued job, or running one whose lease expired, now leased to `worker`."""
         now = self._now()
-        with self._write() as c:
+        with self.db.transaction() as c:
             self._fail_exhausted(c)
             claimable = or_(JOBS.c.status == "queued", and_(JOBS.c.status == "running", JOBS.c.lease_expires_at <= now))
             row = c.execute(
@@ -183,7 +177,7 @@ class JobStore:
     def renew(self, job_id: str, lease: str, lease_s: float | None = None) -> JobState:
         """Extend a held lease by `lease_s` (default: the claim's) from now."""
         now = self._now()
-        with self._write() as c:
+        with self.db.transaction() as c:
             self._fail_exhausted(c)
             held = self._held(c, job_id, lease)
             seconds = lease_s if lease_s is not None else float(held["lease_s"])
@@ -194,7 +188,7 @@ class JobStore:
 
     def complete(self, job_id: str, lease: str, report_json: str) -> JobState:
         """Store the one report of the job and mark it done; LeaseLost (report dropped) otherwise."""
-        with self._write() as c:
+        with self.db.transaction() as c:
             self._fail_exhausted(c)
             self._held(c, job_id, lease)
             c.execute(
@@ -207,7 +201,7 @@ class JobStore:
 
     def fail(self, job_id: str, lease: str, error: str, *, retryable: bool) -> JobState:
         """Give a held job back: queued again if retryable with attempts left, else failed."""
-        with self._write() as c:
+        with self.db.transaction() as c:
             self._fail_exhausted(c)
             held = self._held(c, job_id, lease)
             attempts, most = held["attempts"], held["max_attempts"]

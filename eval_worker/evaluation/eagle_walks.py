@@ -20,7 +20,8 @@ from torch import Tensor
 
 from eval_worker.drafters.eagle3 import Eagle3Context, Eagle3Drafter, NodeBatch
 from eval_worker.evaluation.walks import DraftCost, PromptFeatures
-from eval_worker.scoring.eagle_tree import EagleTreeShape, select_tree, stable_topk
+from eval_worker.scoring.eagle_tree import select_tree, stable_topk
+from schemas.trees import EagleTreeShape
 
 CHAIN = "chain"  # the walk key of the chain; trees are keyed by their shape ("TOPK,DEPTH,TOTAL")
 

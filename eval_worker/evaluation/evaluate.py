@@ -29,10 +29,10 @@ from eval_worker.evaluation.feature_cache import FeatureCache, Fetched
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.evaluation.walks import CHAIN, DraftCost, PromptFeatures, walk_prompts
-from eval_worker.scoring.eagle_tree import EagleTreeShape
 from eval_worker.scoring.summary import by_set, round_taus, summarize_set
 from schemas.model import ModelInfo
 from schemas.report import EvalCost, EvalReport, EvalSeconds, EvalSummary, PromptEval, RoundTaus
+from schemas.trees import EagleTreeShape
 
 log = logging.getLogger(__name__)
 

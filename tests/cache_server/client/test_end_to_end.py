@@ -77,6 +77,15 @@ def test_unreachable_server_is_a_typed_error() -> None:
         client.model()
 
 
+def test_a_feature_server_that_is_down_is_unreachable_not_a_crash(tiny_target: Path, tmp_path: Path) -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    with running_server(tiny_target, tmp_path / "store") as url, CacheClient(url, feature_servers=[down]) as client:
+        [p] = client.register([{"token_ids": [5, 6, 7, 8]}])
+        client.wait_ready([p.prompt_id])
+        with pytest.raises(ServerUnreachable, match=down):  # the job worker waits and retries on this
+            client.hidden(p.prompt_id, [2])
+
+
 def test_client_survives_a_server_restart(tiny_target: Path, tmp_path: Path) -> None:
     store, port = tmp_path / "store", free_port()
     with CacheClient(f"http://127.0.0.1:{port}", timeout=10) as client:

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cache_server.coordination.captures import CaptureQueue
+from cache_server.coordination.captures import CaptureQueue, CaptureState
 from cache_server.coordination.database import Database
 
 
@@ -26,14 +26,19 @@ def db(db_location: str) -> Database:
     return Database(db_location)
 
 
+def request(queue: CaptureQueue, prompt_id: str, layers: list[int], *, retry_failed: bool = False) -> CaptureState:
+    """One prompt's `request_many`."""
+    return queue.request_many({prompt_id: layers}, retry_failed=retry_failed)[prompt_id]
+
+
 def queue(db: Database, owner: str, clock: Clock | None = None, namespace: str = "fp") -> CaptureQueue:
     return CaptureQueue(db, namespace, owner, lease_s=10, max_attempts=3, now=clock or Clock())
 
 
 def test_a_request_is_claimed_once_and_done(db: Database) -> None:
     a, b = queue(db, "a"), queue(db, "b")
-    assert a.request("p1", [2, 0]).status == "queued"
-    a.request("p1", [1])  # still queued: grows
+    assert request(a, "p1", [2, 0]).status == "queued"
+    request(a, "p1", [1])  # still queued: grows
     claimed = b.claim()
     assert claimed is not None and (claimed.prompt_id, claimed.layers, claimed.attempts) == ("p1", (0, 1, 2), 1)
     assert a.claim() is None and b.claim() is None
@@ -47,10 +52,10 @@ def test_a_request_is_claimed_once_and_done(db: Database) -> None:
 
 def test_layers_asked_for_while_running_are_queued_when_it_ends(db: Database) -> None:
     a, b = queue(db, "a"), queue(db, "b")
-    a.request("p1", [0])
+    request(a, "p1", [0])
     assert a.claim() is not None
-    b.request("p1", [0])  # covered by the running capture: nothing new
-    b.request("p1", [5])
+    request(b, "p1", [0])  # covered by the running capture: nothing new
+    request(b, "p1", [5])
     assert b.claim() is None
     assert a.done("p1")
     again = b.claim()
@@ -62,7 +67,7 @@ def test_layers_asked_for_while_running_are_queued_when_it_ends(db: Database) ->
 def test_an_expired_lease_is_taken_over_and_renewing_keeps_it(db: Database) -> None:
     clock = Clock()
     a, b = queue(db, "a", clock), queue(db, "b", clock)
-    a.request("p1", [0])
+    request(a, "p1", [0])
     assert a.claim() is not None
     clock.t += 9
     a.renew(["p1"])
@@ -78,7 +83,7 @@ def test_an_expired_lease_is_taken_over_and_renewing_keeps_it(db: Database) -> N
 def test_a_capture_that_keeps_losing_its_server_fails_after_max_attempts(db: Database) -> None:
     clock = Clock()
     q = queue(db, "a", clock)
-    q.request("p1", [0])
+    request(q, "p1", [0])
     for _ in range(3):
         assert q.claim() is not None
         clock.t += 11
@@ -89,11 +94,11 @@ def test_a_capture_that_keeps_losing_its_server_fails_after_max_attempts(db: Dat
 
 def test_failures_stay_until_registered_again_and_release_gives_work_back(db: Database) -> None:
     a, b = queue(db, "a"), queue(db, "b")
-    a.request("p1", [0])
+    request(a, "p1", [0])
     assert a.claim() is not None
     a.fail("p1", "RuntimeError: out of memory")
-    assert a.request("p1", [0]).status == "failed"  # a /hidden does not retry it
-    assert a.request("p1", [0], retry_failed=True).status == "queued"  # a registration does
+    assert request(a, "p1", [0]).status == "failed"  # a /hidden does not retry it
+    assert request(a, "p1", [0], retry_failed=True).status == "queued"  # a registration does
     assert a.claim() is not None
     a.release(["p1"])  # shutting down: another server takes it at once
     taken = b.claim()
@@ -102,9 +107,9 @@ def test_failures_stay_until_registered_again_and_release_gives_work_back(db: Da
 
 def test_racing_claimers_on_two_connections_never_share_a_capture(db_location: str) -> None:
     dbs = [Database(db_location), Database(db_location)]  # as two server processes
-    queue(dbs[0], "setup").request("warm", [0])
+    request(queue(dbs[0], "setup"), "warm", [0])
     for i in range(30):
-        queue(dbs[0], "setup").request(f"p{i}", [0])
+        queue(dbs[0], "setup").request_many({f"p{i}": [0]})
     got: Counter[str] = Counter()
     lock = threading.Lock()
 

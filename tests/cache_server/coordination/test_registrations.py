@@ -25,8 +25,8 @@ def test_two_servers_see_each_others_registrations_and_sets(db_location: str) ->
     reg_a, reg_b = Registry(a, "fp"), Registry(b, "fp")
     sets_a, sets_b = SetRegistry(a, "fp"), SetRegistry(b, "fp")
     first, second = registration(1), registration(2)
-    assert reg_a.add(first) and not reg_b.add(first)  # the same id: one registration
-    assert reg_b.add(second)
+    assert reg_a.add_many([first]) == {first.prompt_id} and not reg_b.add_many([first])  # one registration
+    assert reg_b.add_many([second]) == {second.prompt_id}
     assert [r.prompt_id for r in reg_a.all()] == [first.prompt_id, second.prompt_id]
     assert reg_b.get(first.prompt_id) == first and reg_a.get("nope") is None
     sets_a.add("gsm8k", [first.prompt_id, second.prompt_id])
