@@ -62,3 +62,5 @@ def _strict_int(value: object) -> object:
 
 # An integer parameter or field that only takes plain integers (or their ASCII spelling in a query).
 AsciiInt = Annotated[int, BeforeValidator(_strict_int)]
+# Listing offsets are bounded by what a database integer holds (SQLite and Postgres: 64-bit signed).
+MAX_OFFSET = 2**62

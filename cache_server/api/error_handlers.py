@@ -32,9 +32,11 @@ def error_response(
 
 
 def error_responses(*codes: ErrorCode) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` for a route that may answer with `codes` (plus 422 for bad input)."""
+    """OpenAPI `responses` for a route that may answer with `codes`, plus 422 for bad input and 400 for a
+    request the HTTP layer cannot read (a request line over the parser's limit, a body that is not JSON),
+    which any route may get."""
     by_status: dict[int, list[str]] = {}
-    for code in (*codes, ErrorCode.invalid_request):
+    for code in (*codes, ErrorCode.invalid_request, ErrorCode.bad_http_request):
         by_status.setdefault(code.status, []).append(code.value)
     return {
         status: {"model": ErrorBody, "description": "error codes: " + ", ".join(sorted(set(names)))}

@@ -25,7 +25,7 @@ from schemas.jobs import (
     JobSubmit,
     RenewRequest,
 )
-from schemas.layers import AsciiInt
+from schemas.layers import MAX_OFFSET, AsciiInt
 from schemas.report import EvalReport
 
 jobs_router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -53,7 +53,7 @@ def submit(body: JobSubmit, jobs: JobsDep, service: ServiceDep, root: RootDep) -
 @jobs_router.get("", responses=error_responses())
 def list_jobs(
     jobs: JobsDep,
-    offset: Annotated[AsciiInt, Query(ge=0)] = 0,
+    offset: Annotated[AsciiInt, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[AsciiInt, Query(ge=1, le=1000)] = 100,
     status: JobStatus | None = None,
 ) -> JobPage:
@@ -81,7 +81,7 @@ def claim(body: ClaimRequest, jobs: JobsDep, service: ServiceDep) -> Claim | Res
 @jobs_router.get("/reports", responses=error_responses())
 def reports(
     jobs: JobsDep,
-    offset: Annotated[AsciiInt, Query(ge=0)] = 0,
+    offset: Annotated[AsciiInt, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[AsciiInt, Query(ge=1, le=1000)] = 100,
 ) -> JobReportPage:
     """Done jobs' report summaries in one call (each report without its per-prompt rounds), for the

@@ -15,7 +15,7 @@ from cache_server.api.deps import ServiceDep
 from cache_server.api.error_handlers import error_responses
 from cache_server.compute.bodies import token_range
 from schemas.errors import ErrorCode as E
-from schemas.layers import AsciiInt
+from schemas.layers import MAX_OFFSET, AsciiInt
 from schemas.model import ModelInfo
 from schemas.pieces import ENCODING, MEDIA_TYPE
 from schemas.prompts import PromptPage, PromptState, PromptStatus, RegisterRequest, RegisterResponse, SetList
@@ -41,7 +41,7 @@ def healthz(service: ServiceDep) -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/model")
+@router.get("/model", responses=error_responses())
 def model(service: ServiceDep) -> ModelInfo:
     """The target whose states are served: name, fingerprint, shape, dtype, layer convention."""
     return service.model_info()
@@ -58,7 +58,7 @@ def register(body: RegisterRequest, service: ServiceDep) -> RegisterResponse:
 @router.get("/prompts", responses=error_responses(E.unknown_sets))
 def list_prompts(
     service: ServiceDep,
-    offset: Annotated[AsciiInt, Query(ge=0)] = 0,
+    offset: Annotated[AsciiInt, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[AsciiInt, Query(ge=1, le=1000)] = 100,
     status: PromptStatus | None = None,
     set: Annotated[str | None, Query(description="only the prompts of this set")] = None,
