@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliSettingsSource
@@ -19,7 +19,8 @@ from pydantic_settings import BaseSettings, CliSettingsSource
 from eval_worker import commands
 from eval_worker.exit_codes import ExitCode
 from eval_worker.settings import ConnectionSettings, EvaluateSettings, SubmitSettings, WorkerSettings
-from schemas.layers import parse_layer_list
+from schemas.eval_spec import EvalSpec
+from schemas.layers import CheckpointLayerConvention, parse_layer_list
 from schemas.trees import EagleTreeShape
 
 Command = Callable[[argparse.Namespace, Any], int]
@@ -67,7 +68,7 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--layer-convention",
-        choices=["layer_input", "decoder_output_0based"],
+        choices=get_args(CheckpointLayerConvention),
         help="EAGLE-3: read the checkpoint's layer ids in this convention instead of its layout's",
     )
     p.add_argument("--target-layer-ids", type=_int_list,
@@ -189,6 +190,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_spec(args: argparse.Namespace) -> None:
+    """The job options as `EvalSpec` checks them for `POST /jobs` too (ValidationError), EAGLE trees
+    written as their canonical keys."""
+    if not hasattr(args, "tree_budgets"):
+        return
+    spec = EvalSpec(
+        tree_budgets=args.tree_budgets, target_layer_ids=args.target_layer_ids, block_size=args.block_size,
+        steps=args.steps, eagle_trees=args.eagle_trees, layer_convention=args.layer_convention,
+        sets=getattr(args, "sets", None) or [],
+    )  # fmt: skip
+    args.eagle_trees = spec.eagle_trees
+
+
+def validation_message(e: ValidationError) -> str:
+    """A pydantic error as one line: `field: message; ...`."""
+    return "; ".join(
+        f"{'.'.join(map(str, err['loc']))}: {str(err['msg']).removeprefix('Value error, ')}" for err in e.errors()
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run an `eval-worker` command and return its exit code."""
     args = _parser().parse_args(argv)
@@ -198,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from eval_worker.errors import CheckpointRefused, FeatureMismatch
 
     try:
+        _check_spec(args)
         return int(args.func(args, args.build_settings(args)))
     except CheckpointRefused as e:
         print(f"eval-worker: checkpoint refused: {e}", file=sys.stderr)
@@ -208,7 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ApiError, ProtocolError, FeatureMismatch, TimeoutError) as e:
         print(f"eval-worker: {e}", file=sys.stderr)
         return ExitCode.server
-    except (ValueError, ValidationError) as e:
+    except ValidationError as e:
+        print(f"eval-worker: {validation_message(e)}", file=sys.stderr)
+        return ExitCode.usage
+    except ValueError as e:
         print(f"eval-worker: {e}", file=sys.stderr)
         return ExitCode.usage
     except ModuleNotFoundError as e:  # the light install runs submit, watch and compare only

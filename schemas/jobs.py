@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from schemas.prompts import SetName
+from schemas.eval_spec import EvalSpec, distinct
+from schemas.layers import CheckpointLayerConvention
 from schemas.report import EvalReport
-from schemas.trees import EagleTreeShape
 
-MAX_TREE_BUDGET = 4096  # DDTree budgets above this are refused at submission
 MAX_PROMPT_IDS = 10000
 MAX_LEASE_S = 86400.0
 MAX_ERROR_CHARS = 20000
-
-
-def _distinct(values: list[Any], what: str) -> None:
-    dupes = sorted(v for v, n in Counter(values).items() if n > 1)
-    if dupes:
-        raise ValueError(f"{what} must be distinct, got {dupes} more than once")
 
 
 class JobStatus(StrEnum):
@@ -34,7 +26,7 @@ class JobStatus(StrEnum):
     failed = "failed"
 
 
-class JobSubmit(BaseModel):
+class JobSubmit(EvalSpec):
     """`POST /jobs`: evaluate one drafter checkpoint on cached prompts (the worker's options)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -42,33 +34,12 @@ class JobSubmit(BaseModel):
     prompts: Literal["all"] | list[str] = Field(
         default="all", description='"all": every prompt registered (and not failed) when the job is claimed'
     )
-    tree_budgets: list[StrictInt] = Field(default_factory=list, max_length=64)
-    target_layer_ids: list[StrictInt] | None = Field(default=None, min_length=1, max_length=256)
-    block_size: StrictInt | None = Field(default=None, ge=2, le=1024, description="DFlash: draft block length")
-    steps: StrictInt | None = Field(default=None, ge=1, le=64, description="EAGLE-3: chain drafts per round")
-    eagle_trees: list[str] = Field(default_factory=list, max_length=16, description='EAGLE-3: "TOPK,DEPTH,TOTAL"')
-    layer_convention: Literal["layer_input", "decoder_output_0based"] | None = Field(
-        default=None, description="EAGLE-3: read the checkpoint's layer ids in this convention"
-    )
-    sets: list[SetName] = Field(
-        default_factory=list,
-        max_length=64,
-        description='with prompts "all": only these sets, reported per set',
-    )
 
     @model_validator(mode="after")
     def _prompts_or_sets(self) -> JobSubmit:
         if self.sets and self.prompts != "all":
             raise ValueError('sets choose the prompts: give prompts "all" (the default) with them, or prompt ids alone')
-        _distinct(self.sets, "sets")
         return self
-
-    @field_validator("eagle_trees")
-    @classmethod
-    def _eagle_trees(cls, v: list[str]) -> list[str]:
-        keys = [EagleTreeShape.parse(t).key for t in v]  # ValueError names the bad one
-        _distinct(keys, "EAGLE trees")
-        return keys
 
     @field_validator("prompts", mode="before")
     @classmethod
@@ -83,25 +54,7 @@ class JobSubmit(BaseModel):
             if all(isinstance(p, str) for p in v):
                 if not all(v):
                     raise ValueError("prompt ids must not be empty strings")
-                _distinct(v, "prompt ids")
-        return v
-
-    @field_validator("tree_budgets")
-    @classmethod
-    def _budgets(cls, v: list[int]) -> list[int]:
-        bad = [b for b in v if not 1 <= b <= MAX_TREE_BUDGET]
-        if bad:
-            raise ValueError(f"tree budgets must be in 1..{MAX_TREE_BUDGET}, got {bad}")
-        _distinct(v, "tree budgets")
-        return v
-
-    @field_validator("target_layer_ids")
-    @classmethod
-    def _layers(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None:
-            if any(k < 0 for k in v):
-                raise ValueError(f"target layer ids must be >= 0, got {v}")
-            _distinct(v, "target layer ids")
+                distinct(v, "prompt ids")
         return v
 
 
@@ -118,7 +71,7 @@ class JobState(BaseModel):
     block_size: int | None
     steps: int | None = None
     eagle_trees: list[str] = Field(default_factory=list)
-    layer_convention: Literal["layer_input", "decoder_output_0based"] | None = None
+    layer_convention: CheckpointLayerConvention | None = None
     sets: list[str] = Field(default_factory=list)
     target_fingerprint: str | None = Field(description="the target the server served at submission")
     attempts: int = Field(description="claims so far, the current one included")

@@ -15,6 +15,8 @@ from pydantic import BeforeValidator
 
 LayerConvention = Literal["decoder_output_0based"]
 LAYER_CONVENTION: LayerConvention = "decoder_output_0based"
+# How a checkpoint's layer ids may be read: layer input i is decoder output i - 1 (REFERENCE s.8).
+CheckpointLayerConvention = Literal["layer_input", "decoder_output_0based"]
 
 _ASCII_INT = re.compile(r"-?[0-9]+")
 

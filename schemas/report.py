@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.layers import CheckpointLayerConvention
+
 
 class RoundTaus(BaseModel):
     """Acceptance length of every round of one response; `mean` is None when there was no round."""
@@ -116,7 +118,7 @@ class EvalReport(BaseModel):
     target_layer_ids: list[int] = Field(description="the target layers fetched: 0-based decoder outputs")
     layer_ids_source: Literal["checkpoint", "default", "inferred", "override"]
     checkpoint_layer_ids: list[int] | None = Field(default=None, description="the ids as the checkpoint writes them")
-    checkpoint_layer_convention: Literal["layer_input", "decoder_output_0based"] = Field(
+    checkpoint_layer_convention: CheckpointLayerConvention = Field(
         default="decoder_output_0based",
         description="how checkpoint_layer_ids were read: layer_input i is decoder output i - 1",
     )

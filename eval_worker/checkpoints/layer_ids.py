@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from eval_worker.errors import CheckpointRefused
-from schemas.layers import layer_list_problem
+from schemas.layers import CheckpointLayerConvention, layer_list_problem
 
 LayerIdsSource = Literal["checkpoint", "default", "inferred", "override"]
-LayerConvention = Literal["layer_input", "decoder_output_0based"]
+LayerConvention = CheckpointLayerConvention
 ConventionSource = Literal["layout", "override"]
 
 

@@ -30,6 +30,7 @@ from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.evaluation.walks import CHAIN, DraftCost, PromptFeatures, walk_prompts
 from eval_worker.scoring.summary import by_set, round_taus, summarize_set
+from schemas.eval_spec import EvalSpec
 from schemas.model import ModelInfo
 from schemas.report import EvalCost, EvalReport, EvalSeconds, EvalSummary, PromptEval, RoundTaus
 from schemas.trees import EagleTreeShape
@@ -56,6 +57,10 @@ class EvalOptions:
     group_tokens: int = 8192  # prompt tokens whose walks are drafted together (each block reads its own context)
     max_blocks: int = 64  # blocks per drafter forward
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        # The checks of every other way in (CLI, POST /jobs): ValidationError for 0, negative or repeated values.
+        EvalSpec(tree_budgets=list(self.tree_budgets), steps=self.steps, eagle_trees=[t.key for t in self.eagle_trees])
 
 
 @dataclass
