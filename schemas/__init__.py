@@ -1,15 +1,24 @@
 """The wire contract shared by the cache server, its clients and the eval workers.
 
-Pydantic models, the error codes, the layer convention, dtype names and the safetensors framing,
+Pydantic models (prompts, jobs and what an evaluation measures, reports), the error codes, the layer convention, dtype names and the safetensors framing,
 on pydantic + numpy + ml_dtypes only: importing anything here never loads torch.
 """
 
 from schemas.errors import ErrorBody, ErrorCode, ErrorDetail
+from schemas.eval_spec import EvalSpec
 from schemas.hidden import HiddenMetadata
 from schemas.jobs import Claim, JobState, JobStatus, JobSubmit
 from schemas.layers import LAYER_CONVENTION
 from schemas.model import ModelInfo
-from schemas.prompts import GenerateSpec, PromptPage, PromptSpec, PromptState, PromptStatus, RegisterRequest
+from schemas.prompts import (
+    GenerateSpec,
+    GeneratorInfo,
+    PromptPage,
+    PromptSpec,
+    PromptState,
+    PromptStatus,
+    RegisterRequest,
+)
 from schemas.report import EvalReport, EvalSummary, PromptEval, RoundTaus, TauSummary
 
 __all__ = [
@@ -19,8 +28,10 @@ __all__ = [
     "ErrorCode",
     "ErrorDetail",
     "EvalReport",
+    "EvalSpec",
     "EvalSummary",
     "GenerateSpec",
+    "GeneratorInfo",
     "HiddenMetadata",
     "JobState",
     "JobStatus",
