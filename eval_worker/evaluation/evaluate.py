@@ -58,8 +58,7 @@ class EvalOptions:
     max_blocks: int = 64  # blocks per drafter forward
     progress: bool = True
 
-    def __post_init__(self) -> None:
-        # The checks of every other way in (CLI, POST /jobs): ValidationError for 0, negative or repeated values.
+    def __post_init__(self) -> None:  # checked as the CLI and POST /jobs check them (ValidationError)
         EvalSpec(tree_budgets=list(self.tree_budgets), steps=self.steps, eagle_trees=[t.key for t in self.eagle_trees])
 
 
