@@ -18,7 +18,13 @@ from pydantic_settings import BaseSettings, CliSettingsSource
 
 from eval_worker import commands
 from eval_worker.exit_codes import ExitCode
-from eval_worker.settings import ConnectionSettings, EvaluateSettings, SubmitSettings, WorkerSettings
+from eval_worker.settings import (
+    ConnectionSettings,
+    EvaluateSettings,
+    LookupSettings,
+    SubmitSettings,
+    WorkerSettings,
+)
 from schemas.eval_spec import EvalSpec
 from schemas.layers import CheckpointLayerConvention, parse_layer_list
 from schemas.trees import EagleTreeShape
@@ -125,9 +131,8 @@ def _parser() -> argparse.ArgumentParser:
     outs.add_argument("--out-dir", type=Path, help="write each checkpoint's report as DIR/<checkpoint name>.json")
 
     ins = _command(sub, "inspect", "what a checkpoint is and which target layers it needs", commands.inspect,
-                   None, positional="checkpoint")  # fmt: skip
+                   LookupSettings, positional="checkpoint")  # fmt: skip
     ins.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
-    ins.add_argument("--server", help="also check it against this cache server's target")
 
     _command(sub, "serve", "claim evaluation jobs from the cache server, one at a time", commands.serve,
              WorkerSettings, positional=None)  # fmt: skip
@@ -183,9 +188,9 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--skip-bad", action="store_true", help="skip malformed rows (listed) instead of stopping")
     add.add_argument("--wait", action="store_true", help="show the set's progress until every prompt is computed")
 
-    cmp_ = _command(sub, "compare", "table (and plot) of reports by step", commands.compare, None, positional=None)
+    cmp_ = _command(sub, "compare", "table (and plot) of reports by step", commands.compare, LookupSettings,
+                    positional=None)  # fmt: skip
     cmp_.add_argument("reports", type=Path, nargs="*", help="EvalReport JSON files")
-    cmp_.add_argument("--server", help="also take every finished job's report from this server")
     cmp_.add_argument("--plot", type=Path, help="write a PNG of tau vs step and the acceptance curve (needs [plot])")
     return p
 

@@ -16,7 +16,13 @@ from eval_worker.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from cache_server.client import CacheClient, JobsClient
-    from eval_worker.settings import ConnectionSettings, EvaluateSettings, SubmitSettings, WorkerSettings
+    from eval_worker.settings import (
+        ConnectionSettings,
+        EvaluateSettings,
+        LookupSettings,
+        SubmitSettings,
+        WorkerSettings,
+    )
     from eval_worker.worker.tensorboard_log import TensorBoardLog
     from schemas.jobs import JobState
 
@@ -83,11 +89,16 @@ def _report_paths(checkpoints: list[Path], out: Path | None, out_dir: Path | Non
     return list(paths)
 
 
-def inspect(args: argparse.Namespace, _: None) -> int:
-    """Describe a checkpoint, and with --server check it against the server's target."""
+def inspect(args: argparse.Namespace, settings: LookupSettings) -> int:
+    """Describe a checkpoint, and with a server check it against the server's target."""
     from eval_worker.checkpoints.info import describe_checkpoint
 
-    print(describe_checkpoint(args.checkpoint, config_path=args.config, server=args.server))
+    client = _client(settings) if settings.server else None
+    try:
+        print(describe_checkpoint(args.checkpoint, config_path=args.config, client=client))
+    finally:
+        if client is not None:
+            client.close()
     return ExitCode.ok
 
 
@@ -208,16 +219,16 @@ def _write_finished(jobs: JobsClient, board: TensorBoardLog, run: Path, relative
             print(f"tensorboard: {job.checkpoint_relative} at step {board.last_step}", flush=True)
 
 
-def compare(args: argparse.Namespace, _: None) -> int:
+def compare(args: argparse.Namespace, settings: LookupSettings) -> int:
     """Print reports side by side by step; with --plot, draw tau vs step and the acceptance curve."""
-    from cache_server.client import CacheClient, JobsClient
+    from cache_server.client import JobsClient
     from eval_worker.reports.compare import compare_table
     from schemas.jobs import JobStatus
     from schemas.report import EvalReport
 
     reports = [EvalReport.model_validate_json(Path(p).read_text()) for p in args.reports]
-    if args.server:
-        with CacheClient(args.server) as client:
+    if settings.server:
+        with _client(settings) as client:
             jobs = JobsClient(client)
             reports += [jobs.report(j.job_id) for j in jobs.jobs(JobStatus.done)]
     if not reports:

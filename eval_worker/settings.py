@@ -12,6 +12,12 @@ from pydantic_settings import BaseSettings, CliSuppress, SettingsConfigDict
 from schemas.dtypes import DeviceName, DTypeName
 
 
+def _server_urls(v: str) -> str:
+    if not all(u.strip().startswith(("http://", "https://")) for u in v.split(",")):
+        raise ValueError(f"server must be http(s) URLs, comma-separated, got {v!r}")
+    return v
+
+
 class ConnectionSettings(BaseSettings):
     """The cache server to talk to."""
 
@@ -39,13 +45,24 @@ class ConnectionSettings(BaseSettings):
     @field_validator("server")
     @classmethod
     def _urls(cls, v: str) -> str:
-        if not all(u.strip().startswith(("http://", "https://")) for u in v.split(",")):
-            raise ValueError(f"server must be http(s) URLs, comma-separated, got {v!r}")
-        return v
+        return _server_urls(v)
 
     def server_urls(self) -> list[str]:
         """The servers, the first of which takes everything but feature requests."""
         return [u.strip() for u in self.server.split(",")]
+
+
+class LookupSettings(ConnectionSettings):
+    """`inspect` and `compare`: a cache server to consult only when one is named (flag or environment)."""
+
+    server: str | None = Field(  # type: ignore[assignment]
+        default=None, description="also consult this cache server (its target; its finished jobs' reports)"
+    )
+
+    @field_validator("server")
+    @classmethod
+    def _urls(cls, v: str | None) -> str | None:  # type: ignore[override]
+        return None if v is None else _server_urls(v)
 
 
 class SubmitSettings(ConnectionSettings):

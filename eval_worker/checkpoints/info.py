@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eval_worker.checkpoints.eagle3_layouts import is_eagle3, read_layout
 from eval_worker.checkpoints.layer_ids import default_layer_ids, to_decoder_outputs
 from eval_worker.checkpoints.loading import RawCheckpoint, load_checkpoint, read_raw
 from eval_worker.drafters.config import DrafterConfig
 
+if TYPE_CHECKING:
+    from cache_server.client import CacheClient
 
-def describe_checkpoint(path: Path, *, config_path: Path | None = None, server: str | None = None) -> str:
-    """What `eval-worker inspect` prints; with `server`, also the layers it would fetch from that target."""
+
+def describe_checkpoint(path: Path, *, config_path: Path | None = None, client: CacheClient | None = None) -> str:
+    """What `eval-worker inspect` prints; with a `client`, also the layers it would fetch from its target."""
     raw = read_raw(path, config_path)
     lines = _describe_eagle3(path, raw) if is_eagle3(raw.config) else _describe_dflash(path, raw)
-    if server is not None:
-        from cache_server.client import CacheClient
-
-        with CacheClient(server) as client:
-            info = client.model()
+    if client is not None:
+        info = client.model()
         ckpt = load_checkpoint(path, info, config_path=config_path)  # raises CheckpointRefused if unfit
         lines.append(
             f"against {info.name:<10} layers {list(ckpt.target_layer_ids)} ({ckpt.layer_ids_source}); loads strictly"

@@ -155,6 +155,22 @@ def test_inspect(
     assert "loads strictly" in capsys.readouterr().out
 
 
+def test_inspect_and_compare_take_the_server_from_the_environment(
+    server: tuple[str, list[str]],
+    trained_drafter: DFlashDrafter,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url, _ = server
+    ckpt = save_torch_checkpoint(tmp_path / "c.pt", trained_drafter, global_step=7, epoch=0)
+    monkeypatch.setenv("EVAL_WORKER_SERVER", url)
+    assert main(["inspect", str(ckpt)]) == 0
+    assert "loads strictly" in capsys.readouterr().out
+    monkeypatch.setenv("EVAL_WORKER_SERVER", f"http://127.0.0.1:{free_port()}")  # nobody there
+    assert main(["compare"]) == 3  # it was asked, so it is reached for: unreachable, not ignored
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
 def test_device_cuda_without_a_gpu_is_a_clear_usage_error(
     server: tuple[str, list[str]], trained_drafter: DFlashDrafter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
