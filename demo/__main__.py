@@ -127,9 +127,13 @@ def _screenshot(url: str, out: Path) -> None:
     print(f"page screenshot: {out}")
 
 
+DEMO_MARKER = ".made-by-demo"
+DEFAULT_WORKDIR = Path("demo-out")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
-    p.add_argument("--workdir", type=Path, default=Path("demo-out"))
+    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="replaced on every run (default: demo-out)")
     p.add_argument("--layers", type=int, default=8, help="target decoder layers")
     p.add_argument("--new-tokens", type=int, default=48, help="generated response length per prompt")
     p.add_argument("--steps", type=int, nargs=2, default=[30, 200], help="the two checkpoint steps")
@@ -137,11 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.layers < 7:
         p.error("--layers must be >= 7: EAGLE-3's default taps (layer inputs 2, L//2, L-3) must be distinct")
+    marker = args.workdir / DEMO_MARKER
+    ours = marker.exists() or args.workdir == DEFAULT_WORKDIR  # demo-out is the demo's own (and git-ignored)
+    if args.workdir.exists() and any(args.workdir.iterdir()) and not ours:
+        p.error(f"--workdir {args.workdir} is not empty and was not made by the demo: name a new or empty directory")
     started = time.perf_counter()
     torch.manual_seed(0)
-    shutil.rmtree(args.workdir, ignore_errors=True)
+    shutil.rmtree(args.workdir, ignore_errors=True)  # a previous demo's output, nothing else
     runs = args.workdir / "runs"
     runs.mkdir(parents=True)
+    marker.write_text("made by `python -m demo`; the next run replaces this directory\n")
 
     _say(f"building a tiny Qwen3 target ({args.layers} layers) in {args.workdir / 'target'}")
     target = build_tiny_model(args.workdir / "target", layers=args.layers, hidden=64, vocab=512)

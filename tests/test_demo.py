@@ -22,3 +22,12 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert row[3:6] == (["[1,", "3,", "5]"] if family == "dflash" else ["[1,", "3,", "4]"])
         assert float(row[7]) >= 1.0  # chain tau counts the bonus token
     assert (tmp_path / "demo" / "tau.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_demo_refuses_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    precious = tmp_path / "mine"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("not the demo's")
+    with pytest.raises(SystemExit) as e:
+        main(["--workdir", str(precious)])
+    assert e.value.code == 2 and (precious / "thesis.tex").read_text() == "not the demo's"
