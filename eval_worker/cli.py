@@ -1,4 +1,4 @@
-"""`eval-worker evaluate | inspect | serve | submit | watch | compare | prompts add`.
+"""`eval-worker evaluate | parity | inspect | serve | submit | watch | compare | prompts add`.
 
 Settings-backed options are generated from the models in `settings.py` (so each is also an
 EVAL_WORKER_ variable); the rest are this command line's own. Exit codes: `exit_codes.ExitCode`.
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliSettingsSource
 
 from eval_worker import commands
-from eval_worker.exit_codes import ExitCode
+from eval_worker.exit_codes import ExitCode, exit_codes_line
 from eval_worker.settings import (
     ConnectionSettings,
     EvaluateSettings,
@@ -106,8 +106,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="eval-worker",
         description="Evaluate drafter checkpoints (DFlash and EAGLE-3: chain and tree tau) on cached target "
         "hidden states.",
-        epilog="Options can also be set as EVAL_WORKER_<OPTION>. Exit codes: 1 bad usage, 2 checkpoint refused, "
-        "3 server unreachable, 4 server error or mismatched data, 5 job failed.",
+        epilog="Options can also be set as EVAL_WORKER_<OPTION>. " + exit_codes_line(),
     )
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -129,6 +128,15 @@ def _parser() -> argparse.ArgumentParser:
     outs = ev.add_mutually_exclusive_group()
     outs.add_argument("--out", type=Path, help="write the JSON report (EvalReport) of one checkpoint here")
     outs.add_argument("--out-dir", type=Path, help="write each checkpoint's report as DIR/<checkpoint name>.json")
+
+    par = _command(sub, "parity", "does a serving engine's live speculative decoding agree with the offline rounds?",
+                   commands.parity, EvaluateSettings, positional="checkpoint")  # fmt: skip
+    par.add_argument("--engine", required=True, help="URL of a vLLM serving the target with this checkpoint as its "
+                     "speculative config")  # fmt: skip
+    par.add_argument("--set", dest="sets", action="append", help="the prompts of this set (repeatable; default: all)")
+    par.add_argument("--limit", type=int, help="the first N of those prompts")
+    par.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
+    par.add_argument("--out", type=Path, help="write the JSON report (ParityReport) here")
 
     ins = _command(sub, "inspect", "what a checkpoint is and which target layers it needs", commands.inspect,
                    LookupSettings, positional="checkpoint")  # fmt: skip
@@ -222,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress bar
     from cache_server.client import ApiError, ProtocolError, ServerUnreachable
     from eval_worker.errors import CheckpointRefused, FeatureMismatch
+    from eval_worker.parity.engine import EngineNotFit
 
     try:
         _check_spec(args)
@@ -232,6 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServerUnreachable as e:
         print(f"eval-worker: {e}", file=sys.stderr)
         return ExitCode.unreachable
+    except EngineNotFit as e:
+        print(f"eval-worker: {e}", file=sys.stderr)
+        return ExitCode.engine
     except (ApiError, ProtocolError, FeatureMismatch, TimeoutError) as e:
         print(f"eval-worker: {e}", file=sys.stderr)
         return ExitCode.server

@@ -89,6 +89,27 @@ def _report_paths(checkpoints: list[Path], out: Path | None, out_dir: Path | Non
     return list(paths)
 
 
+def parity(args: argparse.Namespace, settings: EvaluateSettings) -> int:
+    """Each prompt alone on the engine beside its offline chain rounds; 0 when every prompt agrees."""
+    from eval_worker.parity.engine import VllmEngine
+    from eval_worker.parity.run import format_parity, run_parity
+
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    engine = VllmEngine(args.engine)
+    try:
+        with _client(settings) as client:
+            report = run_parity(client, args.checkpoint, engine, settings, sets=args.sets or (), limit=args.limit,
+                                config_path=args.config)  # fmt: skip
+    finally:
+        engine.close()
+    print(format_parity(report))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report.model_dump_json(indent=1))
+    return ExitCode.ok if report.agreeing == len(report.prompts) else ExitCode.disagrees
+
+
 def inspect(args: argparse.Namespace, settings: LookupSettings) -> int:
     """Describe a checkpoint, and with a server check it against the server's target."""
     from eval_worker.checkpoints.info import describe_checkpoint

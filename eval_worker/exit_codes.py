@@ -14,3 +14,21 @@ class ExitCode(IntEnum):
     unreachable = 3  # the cache server cannot be reached
     server = 4  # the server refused the request or served data that does not fit
     job_failed = 5  # `submit --wait`: the job failed
+    engine = 6  # `parity`: the engine is unreachable, serves another model or no speculative config
+    disagrees = 1  # `parity`: a prompt's live rounds are not its offline rounds (the status usage errors have)
+
+
+MEANINGS = {
+    ExitCode.ok: "ok",
+    ExitCode.usage: "bad usage (parity: a prompt disagrees)",
+    ExitCode.refused: "checkpoint refused",
+    ExitCode.unreachable: "server unreachable",
+    ExitCode.server: "server error or mismatched data",
+    ExitCode.job_failed: "job failed",
+    ExitCode.engine: "engine unfit for parity",
+}
+
+
+def exit_codes_line() -> str:
+    """Every exit status and what it means, for `--help`."""
+    return "Exit codes: " + ", ".join(f"{int(code)} {MEANINGS[code]}" for code in ExitCode) + "."

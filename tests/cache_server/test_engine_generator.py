@@ -172,3 +172,14 @@ def test_a_server_stopped_mid_generation_leaves_its_prompts_to_the_next(
             tokens = state.token_ids or []
             prompt = torch.tensor([tokens[: state.prompt_len]])
             assert tokens == in_process.generate(prompt, max_new_tokens=160, do_sample=False)[0].tolist()
+
+
+def test_parity_refuses_an_engine_without_a_speculative_config(
+    engine: VllmServer, engine_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from eval_worker.cli import main
+
+    with running_server(engine_target, tmp_path / "store") as url:
+        assert main(["parity", str(tmp_path / "any-checkpoint"), "--engine", engine.url, "--server", url]) == 6
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "no speculative-decoding counters" in err and "--speculative-config" in err

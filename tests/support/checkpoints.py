@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,15 @@ from eval_worker.drafters.model import DFlashDrafter
 from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS
 
 
-def save_hf_checkpoint(out_dir: Path, drafter: DFlashDrafter, *, layout: HfLayout = "published") -> Path:
-    """Write `config.json` + `model.safetensors` in the published DFlash layout."""
+def save_hf_checkpoint(
+    out_dir: Path, drafter: DFlashDrafter, *, layout: HfLayout = "published", extra: Mapping[str, Any] | None = None
+) -> Path:
+    """Write `config.json` + `model.safetensors` in the published DFlash layout; `extra` config keys too
+    (vLLM also wants `vocab_size`, `max_position_embeddings`, `tie_word_embeddings`, `torch_dtype`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
     save_file(state, out_dir / HF_WEIGHTS)
-    (out_dir / HF_CONFIG).write_text(json.dumps(drafter.cfg.to_hf_dict(layout), indent=2))
+    (out_dir / HF_CONFIG).write_text(json.dumps({**drafter.cfg.to_hf_dict(layout), **(extra or {})}, indent=2))
     return out_dir
 
 

@@ -38,7 +38,7 @@ class VllmServer:
         self._cmd = [
             str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-            "--max-model-len", "512", "--disable-log-stats", *extra,
+            "--max-model-len", "512", *extra,
         ]  # fmt: skip
         self._log = log
         self._proc: subprocess.Popen[bytes] | None = None
