@@ -44,7 +44,8 @@ def compare_prompt(
     elif surplus == 0:
         agrees, why = True, "identical"
     elif reached_end and 0 < surplus <= speculative_tokens:
-        agrees, why = True, f"identical but the last round: the engine counted {surplus} drafts past max_tokens"
+        drafts = "draft" if surplus == 1 else "drafts"
+        agrees, why = True, f"identical but the last round: the engine counted {surplus} {drafts} past max_tokens"
     else:
         agrees, why = False, f"{live.accepted} live accepted tokens against {accepted} offline in {rounds} rounds"
     return PromptParity(
