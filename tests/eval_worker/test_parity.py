@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,10 +18,12 @@ from cache_server.capture.target import Target
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.cli import main
+from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.drafters.model import DFlashDrafter
 from schemas.parity import ParityReport
 from schemas.prompts import PromptSpec
 from tests.support.checkpoints import save_hf_checkpoint
+from tests.support.eagle3 import eagle3_config, frequent_d2t, save_eagle3, train_eagle3
 from tests.support.engine import VllmServer, vllm_python
 from tests.support.servers import free_port, running_server
 from tests.support.tiny_trainer import TinyTrainer, make_sequences, tiny_drafter_config
@@ -31,25 +34,21 @@ TRAIN = ["def fib(n):", "The quick brown fox", "import numpy as np", "for i in r
          "Question: what is the capital", "print(x.sum(axis=0))", "Speculative decoding drafts"]  # fmt: skip
 HELD_OUT = ["A drafter reads the hidden", "return fib(n - 1) + fib"]
 LAYERS, BLOCK, NEW_TOKENS = [1, 3, 5], 8, 48
+SPECULATIVE = {"dflash": BLOCK - 1, "eagle3": 4}
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path, DFlashDrafter]]:
-    """(engine URL, cache server URL, the served checkpoint, its drafter)."""
+def _engine_and_server(
+    tmp: Path, layers: int, train: Callable[[Any, Any, list[list[int]]], tuple[Path, str, Any]]
+) -> Iterator[tuple[str, str, Path, Any]]:
+    """A target, a drafter `train` makes and saves (its dir, vLLM's method, the drafter), vLLM serving
+    it as its speculative config, and a cache server with the prompts registered."""
     if vllm_python() is None:
         pytest.fail("the vLLM environment .venv-vllm is missing: ./dev test (or .ci/run) builds it")
-    tmp = tmp_path_factory.mktemp("parity")
-    model_dir = build_tiny_model(tmp / "target", layers=6, hidden=128, head_dim=32, seed=0)
+    model_dir = build_tiny_model(tmp / "target", layers=layers, hidden=128, head_dim=32, seed=0)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     target = Target(model_dir, device="cpu")
-    prompts = [target.encode(PromptSpec(text=t)) for t in TRAIN]
-    torch.manual_seed(0)
-    cfg = tiny_drafter_config(AutoConfig.from_pretrained(model_dir), LAYERS, block_size=BLOCK)
-    drafter = DFlashDrafter(cfg, len(LAYERS))
-    data = make_sequences(model, prompts, LAYERS, NEW_TOKENS)
-    TinyTrainer(drafter, data, model.get_input_embeddings().weight, model.get_output_embeddings().weight).run(40)
-    served = save_hf_checkpoint(tmp / "drafter", drafter, extra=ENGINE_KEYS)
-    spec = json.dumps({"method": "dflash", "model": str(served), "num_speculative_tokens": BLOCK - 1})
+    served, method, drafter = train(model_dir, model, [target.encode(PromptSpec(text=t)) for t in TRAIN])
+    spec = json.dumps({"method": method, "model": str(served), "num_speculative_tokens": SPECULATIVE[method]})
     engine = VllmServer(model_dir, free_port(), tmp / "vllm.log", "--speculative-config", spec)
     engine.start()
     try:
@@ -59,6 +58,39 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, 
             yield engine.url, url, served, drafter
     finally:
         engine.stop()
+
+
+def _dflash(model_dir: Path, model: Any, prompts: list[list[int]]) -> tuple[Path, str, DFlashDrafter]:
+    torch.manual_seed(0)
+    cfg = tiny_drafter_config(AutoConfig.from_pretrained(model_dir), LAYERS, block_size=BLOCK)
+    drafter = DFlashDrafter(cfg, len(LAYERS))
+    data = make_sequences(model, prompts, LAYERS, NEW_TOKENS)
+    TinyTrainer(drafter, data, model.get_input_embeddings().weight, model.get_output_embeddings().weight).run(40)
+    return save_hf_checkpoint(model_dir.parent / "drafter", drafter, extra=ENGINE_KEYS), "dflash", drafter
+
+
+def _eagle3(model_dir: Path, model: Any, prompts: list[list[int]]) -> tuple[Path, str, Eagle3Drafter]:
+    """EAGLE's layout (default taps: layer inputs 2, L//2, L-3), a draft vocab of 256 of the 512 ids."""
+    config = AutoConfig.from_pretrained(model_dir)
+    n = config.num_hidden_layers
+    data = make_sequences(model, prompts, [1, n // 2 - 1, n - 4], NEW_TOKENS)
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(eagle3_config(config, draft_vocab_size=256), 3, has_embed=False)
+    drafter.d2t.copy_(frequent_d2t(data.token_ids, 256, config.vocab_size))
+    train_eagle3(drafter, data.token_ids, data.taps, model.get_input_embeddings().weight, 60)
+    return save_eagle3(model_dir.parent / "drafter", drafter, "eagle"), "eagle3", drafter
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path, DFlashDrafter]]:
+    """DFlash: (engine URL, cache server URL, the served checkpoint, its drafter)."""
+    yield from _engine_and_server(tmp_path_factory.mktemp("parity"), 6, _dflash)
+
+
+@pytest.fixture(scope="module")
+def eagle_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path, Eagle3Drafter]]:
+    """EAGLE-3, the same."""
+    yield from _engine_and_server(tmp_path_factory.mktemp("parity-eagle"), 8, _eagle3)
 
 
 ENGINE_KEYS = {
@@ -75,19 +107,21 @@ def _parity(engine: str, server: str, checkpoint: Path, out: Path) -> tuple[int,
     return code, ParityReport.model_validate_json(out.read_text())
 
 
+@pytest.mark.parametrize("family", ["dflash", "eagle3"])
 def test_live_rounds_equal_the_offline_rounds_on_every_prompt(
-    setup: tuple[str, str, Path, DFlashDrafter], tmp_path: Path
+    family: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    engine, server, served, _ = setup
+    engine, server, served, _ = request.getfixturevalue("setup" if family == "dflash" else "eagle_setup")
     code, report = _parity(engine, server, served, tmp_path / "parity.json")
     assert code == 0 and report.agreeing == len(report.prompts) == len(TRAIN + HELD_OUT)
-    assert report.speculative_tokens == BLOCK - 1
+    assert (report.drafter_family, report.speculative_tokens) == (family, SPECULATIVE[family])
     for p in report.prompts:  # exact, but where the engine counts drafts past max_tokens in the last round
         assert p.live_drafts == p.offline_rounds
         assert p.live_accepted == p.offline_accepted or p.why.startswith("identical but the last round")
     accepted = [p.live_accepted for p in report.prompts]
-    assert report.live_tau is not None and report.live_tau > 2  # several tokens per round: not trivial
-    assert any(0 < p.live_accepted < (BLOCK - 1) * p.live_drafts for p in report.prompts)  # partial rounds too
+    assert report.live_tau is not None and report.live_tau > 1.5  # accepting in most rounds: not trivial
+    k = report.speculative_tokens
+    assert any(0 < p.live_accepted < k * p.live_drafts for p in report.prompts)  # partial rounds too
     assert sum(accepted) > 0 and all(p.first_token_difference is None for p in report.prompts)
 
 
