@@ -61,12 +61,26 @@ class Eagle3Layout:
     key_prefix: str  # the decoder layer's key prefix in this layout ("midlayer." or "layers.0.")
 
 
+# Draft families SpecForge trains that this project does not evaluate: refused by name, never guessed.
+_OTHER_FAMILIES = ("dspark", "domino", "peagle")
+
+
 def is_eagle3(raw: Mapping[str, Any]) -> bool:
-    """Whether a config dict describes an EAGLE-3 drafter (rather than DFlash)."""
-    archs = raw.get("architectures") or []
-    return (
-        "speculators_model_type" in raw or "draft_vocab_size" in raw or any("eagle3" in str(a).lower() for a in archs)
-    )
+    """Whether a config dict describes an EAGLE-3 drafter rather than DFlash, decided by what the file
+    says it is (`architectures`, `dflash_config`, `speculators_model_type`) before incidental keys such
+    as `draft_vocab_size`, which SpecForge writes for both; CheckpointRefused for another family."""
+    archs = [str(a) for a in raw.get("architectures") or []]
+    for arch in archs:
+        if any(arch.lower().startswith(other) for other in _OTHER_FAMILIES):
+            raise CheckpointRefused(f"architectures {archs}: {arch} drafters are not evaluated here (DFlash, EAGLE-3)")
+    kind = raw.get("speculators_model_type")
+    if kind is not None:
+        if kind != "eagle3":
+            raise CheckpointRefused(f"speculators_model_type {kind!r}: only eagle3 speculators are read here")
+        return True
+    if any("dflash" in a.lower() for a in archs) or "dflash_config" in raw:
+        return False
+    return "draft_vocab_size" in raw or any("eagle3" in a.lower() for a in archs)
 
 
 def read_layout(raw: Mapping[str, Any]) -> Eagle3Layout:

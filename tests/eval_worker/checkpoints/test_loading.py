@@ -198,3 +198,28 @@ def test_block_size_override_replaces_the_configs(tmp_path: Path) -> None:
 def test_missing_path_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointRefused, match="does not exist"):
         load_checkpoint(tmp_path / "nope.pt", TARGET)
+
+
+def test_a_specforge_dflash_config_is_dflash_though_it_names_a_draft_vocab(tmp_path: Path) -> None:
+    """SpecForge 0.2 writes `draft_vocab_size` into DFlash configs too: the family is what the file says."""
+    ckpt = _hf_dir(tmp_path)
+    raw = json.loads((ckpt / "config.json").read_text())
+    raw |= {"architectures": ["DFlashDraftModel"], "draft_vocab_size": TARGET.vocab_size}
+    _rewrite(ckpt, config=raw)
+    loaded = load_checkpoint(ckpt, TARGET)
+    assert (loaded.family, loaded.target_layer_ids) == ("dflash", (1, 2, 4))
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ({"architectures": ["DSparkDraftModel"]}, "DSparkDraftModel drafters are not evaluated here"),
+        ({"architectures": ["DominoDraftModel"]}, "DominoDraftModel drafters are not evaluated here"),
+        ({"speculators_model_type": "mlp"}, "speculators_model_type 'mlp'"),
+    ],
+)
+def test_other_draft_families_are_refused_by_name(tmp_path: Path, config: dict[str, Any], named: str) -> None:
+    ckpt = _hf_dir(tmp_path)
+    _rewrite(ckpt, config={**json.loads((ckpt / "config.json").read_text()), **config})
+    with pytest.raises(CheckpointRefused, match=named):
+        load_checkpoint(ckpt, TARGET)
