@@ -1,4 +1,4 @@
-"""`eval-worker evaluate | parity | inspect | serve | submit | watch | compare | prompts add`.
+"""`eval-worker evaluate | parity | doctor | inspect | serve | submit | watch | compare | prompts add`.
 
 Settings-backed options are generated from the models in `settings.py` (so each is also an
 EVAL_WORKER_ variable); the rest are this command line's own. Exit codes: `exit_codes.ExitCode`.
@@ -137,6 +137,11 @@ def _parser() -> argparse.ArgumentParser:
     par.add_argument("--limit", type=int, help="the first N of those prompts")
     par.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
     par.add_argument("--out", type=Path, help="write the JSON report (ParityReport) here")
+
+    doc = _command(sub, "doctor", "the checkpoint's layers against the usual wrong readings, on a few prompts",
+                   commands.doctor, EvaluateSettings, positional="checkpoint")  # fmt: skip
+    doc.add_argument("--limit", type=int, default=8, help="prompts to evaluate each reading on (default 8)")
+    doc.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
 
     ins = _command(sub, "inspect", "what a checkpoint is and which target layers it needs", commands.inspect,
                    LookupSettings, positional="checkpoint")  # fmt: skip

@@ -110,6 +110,19 @@ def parity(args: argparse.Namespace, settings: EvaluateSettings) -> int:
     return ExitCode.ok if report.agreeing == len(report.prompts) else ExitCode.disagrees
 
 
+def doctor(args: argparse.Namespace, settings: EvaluateSettings) -> int:
+    """Chain tau of the declared layers and of the shifted readings, with a plain verdict."""
+    from eval_worker.evaluation.doctor import doctor as run_doctor
+    from eval_worker.evaluation.doctor import format_doctor
+
+    if args.limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    with _client(settings) as client:
+        readings = run_doctor(client, args.checkpoint, settings, limit=args.limit, config_path=args.config)
+    print(format_doctor(args.checkpoint, readings))
+    return ExitCode.ok
+
+
 def inspect(args: argparse.Namespace, settings: LookupSettings) -> int:
     """Describe a checkpoint, and with a server check it against the server's target."""
     from eval_worker.checkpoints.info import describe_checkpoint

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Iterator
@@ -233,3 +234,19 @@ def test_inspect_shows_the_inferred_ids_when_the_config_says_the_target_depth(
     (ckpt / "config.json").write_text(json.dumps(config))
     assert main(["inspect", str(ckpt)]) == 0
     assert "[1, 5, 9] (inferred with the DFlash formula: 3 taps of 12 layers)" in capsys.readouterr().out
+
+
+def test_doctor_names_the_reading_a_shifted_checkpoint_was_trained_on(
+    server: tuple[str, list[str]], trained_drafter: DFlashDrafter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _ = server
+    right = save_hf_checkpoint(tmp_path / "right", trained_drafter)  # trained on [1, 3, 5]
+    shifted = DFlashDrafter(dataclasses.replace(trained_drafter.cfg, target_layer_ids=(0, 2, 4)), 3)
+    shifted.load_state_dict(trained_drafter.state_dict())
+    wrong = save_hf_checkpoint(tmp_path / "wrong", shifted)  # the same weights, its ids written one below
+    assert main(["doctor", str(wrong), "--server", url, "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "reading [1, 3, 5] (one layer later) scores" in out and "offset convention" in out
+    assert main(["doctor", str(right), "--server", url, "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "the declared layers score best" in out
