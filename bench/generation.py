@@ -62,8 +62,10 @@ def measured(args: argparse.Namespace) -> None:
                 rows.append((name, wall))
         finally:
             engine.stop()
-    print(f"\n{args.prompts} prompts x {args.max_new_tokens} new tokens, target {args.layers} layers x {args.hidden} "
-          f"(fp32, CPU, {os.cpu_count()} cores), registration to all ready (generation + capture):")  # fmt: skip
+    print(
+        f"\n{args.prompts} prompts x {args.max_new_tokens} new tokens, target {args.layers} layers x {args.hidden} "
+        f"(fp32, CPU, {os.cpu_count()} cores), registration to all ready (generation + capture):"
+    )
     print("| responses from | registration to ready | new tokens/s | vs (a) |")
     print("| --- | --- | --- | --- |")
     for name, wall in rows:

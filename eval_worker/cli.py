@@ -129,22 +129,43 @@ def _parser() -> argparse.ArgumentParser:
     outs.add_argument("--out", type=Path, help="write the JSON report (EvalReport) of one checkpoint here")
     outs.add_argument("--out-dir", type=Path, help="write each checkpoint's report as DIR/<checkpoint name>.json")
 
-    par = _command(sub, "parity", "does a serving engine's live speculative decoding agree with the offline rounds?",
-                   commands.parity, EvaluateSettings, positional="checkpoint")  # fmt: skip
-    par.add_argument("--engine", required=True, help="URL of a vLLM serving the target with this checkpoint as its "
-                     "speculative config")  # fmt: skip
+    par = _command(
+        sub,
+        "parity",
+        "does a serving engine's live speculative decoding agree with the offline rounds?",
+        commands.parity,
+        EvaluateSettings,
+        positional="checkpoint",
+    )
+    par.add_argument(
+        "--engine",
+        required=True,
+        help="URL of a vLLM serving the target with this checkpoint as its speculative config",
+    )
     par.add_argument("--set", dest="sets", action="append", help="the prompts of this set (repeatable; default: all)")
     par.add_argument("--limit", type=int, help="the first N of those prompts")
     par.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
     par.add_argument("--out", type=Path, help="write the JSON report (ParityReport) here")
 
-    doc = _command(sub, "doctor", "the checkpoint's layers against the usual wrong readings, on a few prompts",
-                   commands.doctor, EvaluateSettings, positional="checkpoint")  # fmt: skip
+    doc = _command(
+        sub,
+        "doctor",
+        "the checkpoint's layers against the usual wrong readings, on a few prompts",
+        commands.doctor,
+        EvaluateSettings,
+        positional="checkpoint",
+    )
     doc.add_argument("--limit", type=int, default=8, help="prompts to evaluate each reading on (default 8)")
     doc.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
 
-    ins = _command(sub, "inspect", "what a checkpoint is and which target layers it needs", commands.inspect,
-                   LookupSettings, positional="checkpoint")  # fmt: skip
+    ins = _command(
+        sub,
+        "inspect",
+        "what a checkpoint is and which target layers it needs",
+        commands.inspect,
+        LookupSettings,
+        positional="checkpoint",
+    )
     ins.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
 
     _command(sub, "serve", "claim evaluation jobs from the cache server, one at a time", commands.serve,
@@ -201,8 +222,9 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--skip-bad", action="store_true", help="skip malformed rows (listed) instead of stopping")
     add.add_argument("--wait", action="store_true", help="show the set's progress until every prompt is computed")
 
-    cmp_ = _command(sub, "compare", "table (and plot) of reports by step", commands.compare, LookupSettings,
-                    positional=None)  # fmt: skip
+    cmp_ = _command(
+        sub, "compare", "table (and plot) of reports by step", commands.compare, LookupSettings, positional=None
+    )
     cmp_.add_argument("reports", type=Path, nargs="*", help="EvalReport JSON files")
     cmp_.add_argument("--plot", type=Path, help="write a PNG of tau vs step and the acceptance curve (needs [plot])")
     return p
@@ -214,10 +236,14 @@ def _check_spec(args: argparse.Namespace) -> None:
     if not hasattr(args, "tree_budgets"):
         return
     spec = EvalSpec(
-        tree_budgets=args.tree_budgets, target_layer_ids=args.target_layer_ids, block_size=args.block_size,
-        steps=args.steps, eagle_trees=args.eagle_trees, layer_convention=args.layer_convention,
+        tree_budgets=args.tree_budgets,
+        target_layer_ids=args.target_layer_ids,
+        block_size=args.block_size,
+        steps=args.steps,
+        eagle_trees=args.eagle_trees,
+        layer_convention=args.layer_convention,
         sets=getattr(args, "sets", None) or [],
-    )  # fmt: skip
+    )
     args.eagle_trees = spec.eagle_trees
 
 

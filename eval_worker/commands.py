@@ -96,13 +96,10 @@ def parity(args: argparse.Namespace, settings: EvaluateSettings) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
-    engine = VllmEngine(args.engine)
-    try:
-        with _client(settings) as client:
-            report = run_parity(client, args.checkpoint, engine, settings, sets=args.sets or (), limit=args.limit,
-                                config_path=args.config)  # fmt: skip
-    finally:
-        engine.close()
+    with contextlib.closing(VllmEngine(args.engine)) as engine, _client(settings) as client:
+        report = run_parity(
+            client, args.checkpoint, engine, settings, sets=args.sets or (), limit=args.limit, config_path=args.config
+        )
     print(format_parity(report))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """The wire contract shared by the cache server, its clients and the eval workers.
 
-Pydantic models (prompts, jobs, what an evaluation measures, reports), the error codes, the layer
-convention, dtype names and the safetensors framing, on pydantic + numpy + ml_dtypes only: importing
-anything here never loads torch.
+Pydantic models (prompts, jobs, what an evaluation measures, reports), the completions request sent
+to a serving engine, the error codes, the layer convention, dtype names and the safetensors framing,
+on pydantic + numpy + ml_dtypes only: importing anything here never loads torch.
 """
 
 from schemas.errors import ErrorBody, ErrorCode, ErrorDetail

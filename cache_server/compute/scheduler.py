@@ -76,9 +76,15 @@ class Scheduler:
         self._finished: dict[str, Future[None]] = {}
         self._wake = threading.Event()
         self.responses = Responses(
-            target, store, generate_batch=generate_batch, engine=engine, concurrency=generator_concurrency,
-            fail=self._fail, wake=self._wake.set, on_engine_error=metrics.generator_errors.inc,
-        )  # fmt: skip
+            target,
+            store,
+            generate_batch=generate_batch,
+            engine=engine,
+            concurrency=generator_concurrency,
+            fail=self._fail,
+            wake=self._wake.set,
+            on_engine_error=metrics.generator_errors.inc,
+        )
         self._stopping = threading.Event()
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-writer")
         self._thread = threading.Thread(target=self._compute_loop, name="target-compute", daemon=True)

@@ -73,10 +73,18 @@ class HiddenStateService:
         metrics.name_instance(self.instance)
         self.health = Health(bound_s=unhealthy_after_s)
         self.scheduler = Scheduler(
-            target, store, metrics, captures, self.registry, capture_layers=capture_layers, batch_tokens=batch_tokens,
-            generate_batch=generate_batch, engine=engine, generator_concurrency=generator_concurrency,
+            target,
+            store,
+            metrics,
+            captures,
+            self.registry,
+            capture_layers=capture_layers,
+            batch_tokens=batch_tokens,
+            generate_batch=generate_batch,
+            engine=engine,
+            generator_concurrency=generator_concurrency,
             health=self.health,
-        )  # fmt: skip
+        )
         self._wait_s = wait_s
         self.stream_hidden = stream_hidden
         # Row blocks of streamed bodies decode here, in order, each over all the store's read threads.

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from schemas.completions import completion_token_ids, greedy_completion
 from schemas.prompts import GeneratorInfo
 
 
@@ -51,17 +52,8 @@ class Engine:
         return GeneratorInfo(kind="engine", url=self.url, model=self.model, version=self.version)
 
     def completion(self, prompt_ids: Sequence[int], max_tokens: int) -> dict[str, Any]:
-        """The `POST /v1/completions` body: greedy, token ids both ways, stopping only where the
-        target's own `generate` stops (its EOS ids), not at the engine's idea of EOS."""
-        return {
-            "model": self.model,
-            "prompt": list(prompt_ids),
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "return_token_ids": True,
-            "ignore_eos": True,
-            "stop_token_ids": list(self.stop_token_ids),
-        }
+        """The completions body, stopping only where the target's own `generate` stops (its EOS ids)."""
+        return greedy_completion(self.model, prompt_ids, max_tokens, self.stop_token_ids)
 
 
 def response_tokens(response: httpx.Response) -> list[int]:
@@ -72,11 +64,13 @@ def response_tokens(response: httpx.Response) -> list[int]:
     if response.status_code >= 400:
         raise EngineRefused(f"the engine refused the prompt (HTTP {response.status_code}): {_message(response)}")
     try:
-        choice = response.json()["choices"][0]
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise EngineRefused(f"the engine's answer has no choices: {response.text[:200]}") from None
-    ids = choice.get("token_ids")
-    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or not answer.get("choices"):
+        raise EngineRefused(f"the engine's answer has no choices: {response.text[:200]}")
+    ids = completion_token_ids(answer)
+    if ids is None:
         raise EngineRefused(
             'the engine returned no token ids: it must honour "return_token_ids": true (vLLM >= 0.10.2); '
             "responses are never re-tokenised from text"

@@ -37,19 +37,9 @@ class EngineStage:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-generation", daemon=True)
         self._thread.start()
-        self._lock = threading.Lock()
-        self._in_flight = 0
-
-    @property
-    def in_flight(self) -> int:
-        """Submissions not answered or refused yet."""
-        with self._lock:
-            return self._in_flight
 
     def submit(self, key: str, prompt_ids: Sequence[int], max_tokens: int) -> None:
         """Generate a response for `prompt_ids` (a prompt id as `key`)."""
-        with self._lock:
-            self._in_flight += 1
         asyncio.run_coroutine_threadsafe(self._run(key, prompt_ids, max_tokens), self._loop)
 
     def close(self) -> None:
@@ -70,12 +60,9 @@ class EngineStage:
         try:
             tokens = await self._with_retries(key, prompt_ids, max_tokens)
         except EngineRefused as e:
-            await asyncio.to_thread(self._refused, key, e)
+            await asyncio.to_thread(self._refused, key, e)  # both may write the database: off the loop
         else:
-            self._answered(key, tokens)
-        finally:
-            with self._lock:
-                self._in_flight -= 1
+            await asyncio.to_thread(self._answered, key, tokens)
 
     async def _with_retries(self, key: str, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
         backoff = _FIRST_BACKOFF_S
@@ -84,9 +71,7 @@ class EngineStage:
                 return await self.client.generate(prompt_ids, max_tokens)
             except EngineUnavailable as e:
                 self._on_error()
-                log.warning(
-                    "engine %s unavailable for prompt %s, retrying in %.1f s: %s",
-                    self.client.engine.url, key, backoff, e,
-                )  # fmt: skip
+                url = self.client.engine.url
+                log.warning("engine %s unavailable for prompt %s, retrying in %.1f s: %s", url, key, backoff, e)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)

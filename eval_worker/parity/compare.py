@@ -49,10 +49,16 @@ def compare_prompt(
     else:
         agrees, why = False, f"{live.accepted} live accepted tokens against {accepted} offline in {rounds} rounds"
     return PromptParity(
-        prompt_id=prompt_id, response_tokens=len(stored_response), first_token_difference=differs,
-        live_drafts=live.drafts, live_accepted=live.accepted, offline_rounds=rounds, offline_accepted=accepted,
-        agrees=agrees, why=why,
-    )  # fmt: skip
+        prompt_id=prompt_id,
+        response_tokens=len(stored_response),
+        first_token_difference=differs,
+        live_drafts=live.drafts,
+        live_accepted=live.accepted,
+        offline_rounds=rounds,
+        offline_accepted=accepted,
+        agrees=agrees,
+        why=why,
+    )
 
 
 def tau(drafts: int, accepted: int) -> float | None:

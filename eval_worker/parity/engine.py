@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from schemas.completions import completion_token_ids, greedy_completion
+
 _COUNTER = re.compile(r"^vllm:spec_decode_(num_drafts|num_accepted_tokens)_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 _PER_POSITION = re.compile(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"[^}]*\} ', re.M)
 
@@ -68,15 +70,15 @@ class VllmEngine:
 
     def greedy(self, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
         """Exactly `max_tokens` greedy tokens after `prompt_ids` (EOS ignored), as token ids."""
-        body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens, "temperature": 0.0,
-                "return_token_ids": True, "ignore_eos": True}  # fmt: skip
         try:
-            response = self._http.post("/v1/completions", json=body)
+            response = self._http.post("/v1/completions", json=greedy_completion(self.model, prompt_ids, max_tokens))
             response.raise_for_status()
-            ids = response.json()["choices"][0]["token_ids"]
-        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+            ids = completion_token_ids(response.json())
+        except (httpx.HTTPError, ValueError) as e:
             raise EngineNotFit(f"--engine {self.url}: a generation failed: {e}") from None
-        return [int(t) for t in ids]
+        if ids is None:
+            raise EngineNotFit(f"--engine {self.url} answered without token ids (vLLM >= 0.10.2 returns them)")
+        return ids
 
     def _get(self, path: str) -> httpx.Response:
         try:

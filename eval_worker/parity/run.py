@@ -37,9 +37,14 @@ def run_parity(
     members = set_members(client, sets)
     ids = select_prompts(client, None, settings.timeout_s, members)[:limit]
     [offline] = evaluate_checkpoints(
-        client, [loaded], settings, prompt_ids=[ids], steps=k if loaded.family == "eagle3" else None,
-        set_members_of=[{}], progress=False,
-    )  # fmt: skip
+        client,
+        [loaded],
+        settings,
+        prompt_ids=[ids],
+        steps=k if loaded.family == "eagle3" else None,
+        set_members_of=[{}],
+        progress=False,
+    )
     rounds = {p.prompt_id: p.chain.round_taus for p in offline.prompts}
     results: list[PromptParity] = []
     for pid in ids:
@@ -58,12 +63,18 @@ def run_parity(
         results.append(result)
     live_drafts, live_accepted = sum(r.live_drafts for r in results), sum(r.live_accepted for r in results)
     return ParityReport(
-        checkpoint_path=str(loaded.path), drafter_family=loaded.family, speculative_tokens=k,
-        engine_url=engine.url, engine_model=engine.model, engine_version=engine.version,
-        target_fingerprint=info.fingerprint, prompts=results, agreeing=sum(r.agrees for r in results),
+        checkpoint_path=str(loaded.path),
+        drafter_family=loaded.family,
+        speculative_tokens=k,
+        engine_url=engine.url,
+        engine_model=engine.model,
+        engine_version=engine.version,
+        target_fingerprint=info.fingerprint,
+        prompts=results,
+        agreeing=sum(r.agrees for r in results),
         live_tau=tau(live_drafts, live_accepted),
         offline_tau=tau(sum(r.offline_rounds for r in results), sum(r.offline_accepted for r in results)),
-    )  # fmt: skip
+    )
 
 
 def _settled(engine: VllmEngine, timeout_s: float = 5.0) -> SpecCounters:
@@ -87,10 +98,14 @@ def format_parity(report: ParityReport) -> str:
     ]
     for p in report.prompts:
         verdict = f"{'agrees' if p.agrees else 'DIFFERS'}: {p.why}"
-        lines.append(f"{p.prompt_id:<26} {p.response_tokens:>6} {p.live_drafts:>7}/{p.live_accepted:<8} "
-                     f"{p.offline_rounds:>9}/{p.offline_accepted:<9}  {verdict}")  # fmt: skip
+        lines.append(
+            f"{p.prompt_id:<26} {p.response_tokens:>6} {p.live_drafts:>7}/{p.live_accepted:<8} "
+            f"{p.offline_rounds:>9}/{p.offline_accepted:<9}  {verdict}"
+        )
     live = "-" if report.live_tau is None else f"{report.live_tau:.3f}"
     offline = "-" if report.offline_tau is None else f"{report.offline_tau:.3f}"
-    lines.append(f"{report.agreeing} of {len(report.prompts)} prompts agree; tau (1 + accepted / drafts): "
-                 f"live {live}, offline {offline}")  # fmt: skip
+    lines.append(
+        f"{report.agreeing} of {len(report.prompts)} prompts agree; tau (1 + accepted / drafts): "
+        f"live {live}, offline {offline}"
+    )
     return "\n".join(lines)

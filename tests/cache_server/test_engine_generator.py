@@ -110,8 +110,22 @@ def test_an_engine_serving_another_model_refuses_the_start(
     engine: VllmServer, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     other = build_tiny_model(tmp_path_factory.mktemp("other"), layers=4, hidden=128, head_dim=32, seed=1)
-    cmd = [sys.executable, "-m", "cache_server.cli", "serve", "--model", str(other), "--store", str(tmp_path / "s"),
-           "--device", "cpu", "--port", str(free_port()), "--generator", engine.url]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "cache_server.cli",
+        "serve",
+        "--model",
+        str(other),
+        "--store",
+        str(tmp_path / "s"),
+        "--device",
+        "cpu",
+        "--port",
+        str(free_port()),
+        "--generator",
+        engine.url,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     message = done.stderr.strip().splitlines()[-1]

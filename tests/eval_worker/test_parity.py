@@ -102,8 +102,9 @@ ENGINE_KEYS = {
 
 
 def _parity(engine: str, server: str, checkpoint: Path, out: Path) -> tuple[int, ParityReport]:
-    code = main(["parity", str(checkpoint), "--engine", engine, "--server", server, "--device", "cpu",
-                 "--out", str(out)])  # fmt: skip
+    code = main(
+        ["parity", str(checkpoint), "--engine", engine, "--server", server, "--device", "cpu", "--out", str(out)]
+    )
     return code, ParityReport.model_validate_json(out.read_text())
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
-import httpx
+from tests.support.servers import wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_ENV = {
@@ -49,18 +48,7 @@ class VllmServer:
             self._proc = subprocess.Popen(
                 self._cmd, env={**os.environ, **VLLM_ENV}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self._proc.returncode}: {self._log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vLLM did not become healthy in {timeout_s:.0f} s: {self._log.read_text()[-3000:]}")
-            time.sleep(0.5)
+        wait_healthy(self.url, self._proc, self._log, timeout_s, path="/health")
 
     def kill(self) -> None:
         """SIGKILL the engine and its workers (its process group), as a crash would."""

@@ -39,8 +39,11 @@ class PostgresCluster:
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
         self._data, self.port = self.root / "data", free_port()
-        subprocess.run(_as_postgres([str(bin_dir / "initdb"), "-D", str(self._data), "-A", "trust", "-U", "postgres"]),
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            _as_postgres([str(bin_dir / "initdb"), "-D", str(self._data), "-A", "trust", "-U", "postgres"]),
+            check=True,
+            capture_output=True,
+        )
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -48,14 +51,33 @@ class PostgresCluster:
         """Start the server and wait until it accepts connections."""
         with (self.root / "postgres.log").open("ab") as log:
             self._proc = subprocess.Popen(
-                _as_postgres([str(self._bin / "postgres"), "-D", str(self._data), "-h", "127.0.0.1",
-                              "-p", str(self.port), "-k", str(self.root), "-c", "fsync=off",
-                              "-c", "max_connections=200"]),
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                _as_postgres(
+                    [
+                        str(self._bin / "postgres"),
+                        "-D",
+                        str(self._data),
+                        "-h",
+                        "127.0.0.1",
+                        "-p",
+                        str(self.port),
+                        "-k",
+                        str(self.root),
+                        "-c",
+                        "fsync=off",
+                        "-c",
+                        "max_connections=200",
+                    ]
+                ),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 60
-        while subprocess.run([str(self._bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
-                             capture_output=True).returncode != 0:  # fmt: skip
+        while (
+            subprocess.run(
+                [str(self._bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)], capture_output=True
+            ).returncode
+            != 0
+        ):
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"postgres did not start: {(self.root / 'postgres.log').read_text()[-2000:]}")
             time.sleep(0.1)
@@ -64,8 +86,11 @@ class PostgresCluster:
         """Stop the server (fast shutdown: open connections are cut)."""
         if self._proc is not None:
             if self._proc.poll() is None:  # the postmaster, not `runuser` above it, decides when it is down
-                subprocess.run(_as_postgres([str(self._bin / "pg_ctl"), "-D", str(self._data), "-m", "fast", "-w",
-                                             "stop"]), capture_output=True, timeout=60)  # fmt: skip
+                subprocess.run(
+                    _as_postgres([str(self._bin / "pg_ctl"), "-D", str(self._data), "-m", "fast", "-w", "stop"]),
+                    capture_output=True,
+                    timeout=60,
+                )
             self._proc.wait(timeout=30)
             self._proc = None
 

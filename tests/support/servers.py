@@ -23,19 +23,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0) -> None:
+def wait_healthy(
+    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0, *, path: str = "/healthz"
+) -> None:
+    """Until `url + path` answers 200; RuntimeError with the log's tail if the process exits first."""
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"cache-server exited with {proc.returncode}: {log.read_text()[-4000:]}")
+            raise RuntimeError(f"the server for {url} exited with {proc.returncode}: {log.read_text()[-4000:]}")
         try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            raise TimeoutError(f"cache-server at {url} did not become healthy in {timeout_s:.0f} s")
-        time.sleep(0.1)
+            raise TimeoutError(f"{url} did not become healthy in {timeout_s:.0f} s: {log.read_text()[-3000:]}")
+        time.sleep(0.2)
 
 
 @contextmanager
