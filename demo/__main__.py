@@ -30,7 +30,7 @@ from eval_worker.reports.compare import compare_table
 from eval_worker.reports.plot import plot
 from schemas.jobs import JobStatus
 from tests.support.browser import CHROMIUM, headless
-from tests.support.checkpoints import save_torch_checkpoint
+from tests.support.checkpoints import engine_keys, save_hf_checkpoint
 from tests.support.eagle3 import eagle3_config, frequent_d2t, random_eagle3, save_eagle3, train_eagle3
 from tests.support.servers import running_server
 from tests.support.tiny_trainer import Sequences, TinyTrainer, tiny_drafter_config
@@ -70,11 +70,12 @@ def train_checkpoints(client: CacheClient, target: Path, prompt_ids: list[str], 
     _say(f"training a tiny DFlash drafter on cached layers {layers} (the DFlash formula for 3 taps)")
     embed, lm_head = client.heads().to_torch()
     train = fetch_sequences(client, prompt_ids[:-HELD_OUT], layers)
-    drafter = DFlashDrafter(tiny_drafter_config(AutoConfig.from_pretrained(target), layers, block_size=4), len(layers))
+    config = AutoConfig.from_pretrained(target)
+    drafter = DFlashDrafter(tiny_drafter_config(config, layers, block_size=4), len(layers))
     trainer = TinyTrainer(drafter, train, embed.float(), lm_head.float(), lr=1e-3)
     for step in steps:
         loss = trainer.run(step - trainer.global_step)
-        path = save_torch_checkpoint(runs / f"step_{step}.pt", drafter, global_step=step, epoch=0)
+        path = save_hf_checkpoint(runs / f"dflash_step_{step}", drafter, extra=engine_keys(config), global_step=step)
         print(f"step {step}: loss {loss:.3f} -> {path}", flush=True)
 
 
@@ -88,7 +89,7 @@ def train_eagle3_checkpoint(client: CacheClient, target: Path, prompt_ids: list[
     d2t = frequent_d2t(train.token_ids, config.vocab_size // 2, config.vocab_size)
     drafter = random_eagle3(eagle3_config(config, draft_vocab_size=config.vocab_size // 2), len(layers), d2t=d2t)
     loss = train_eagle3(drafter, train.token_ids, train.taps, embed.float(), steps)
-    path = save_eagle3(runs / f"eagle3_step_{steps}.pt", drafter, "eagle", global_step=steps)
+    path = save_eagle3(runs / f"eagle3_step_{steps}", drafter, "eagle", hf_step=steps)
     print(f"step {steps}: loss {loss:.3f} -> {path} (EAGLE layout, draft vocab {drafter.cfg.draft_vocab_size})")
 
 
@@ -100,7 +101,7 @@ def run_jobs(url: str, runs: Path, workdir: Path) -> None:
         submitted = [
             jobs.submit(p.name, eagle_trees=["4,3,16"], sets=["code", "prose"]) if p.name.startswith("eagle3")
             else jobs.submit(p.name, tree_budgets=[4, 8], sets=["code", "prose"])
-            for p in sorted(runs.glob("*.pt"))
+            for p in sorted(runs.iterdir())
         ]  # fmt: skip
         for job in submitted:
             print(f"submitted job {job.job_id} for {job.checkpoint_relative}")
@@ -153,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     marker.write_text("made by `python -m demo`; the next run replaces this directory\n")
 
     _say(f"building a tiny Qwen3 target ({args.layers} layers) in {args.workdir / 'target'}")
-    target = build_tiny_model(args.workdir / "target", layers=args.layers, hidden=64, vocab=512)
+    # head_dim 32: the smallest vLLM's CPU attention takes, so that vLLM can serve the demo's drafters too
+    target = build_tiny_model(args.workdir / "target", layers=args.layers, hidden=128, head_dim=32, vocab=512)
 
     server_args = ("--checkpoint-root", str(runs))
     with running_server(target, args.workdir / "store", *server_args) as url, CacheClient(url) as client:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar, get_args
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliSettingsSource
 
-from eval_worker import commands
+from eval_worker import checkpoint_commands, commands
 from eval_worker.exit_codes import ExitCode, exit_codes_line
 from eval_worker.settings import (
     ConnectionSettings,
@@ -87,6 +87,13 @@ def _settings_from(parser: argparse.ArgumentParser, cls: type[S]) -> Callable[[a
     return lambda args: cls(_cli_settings_source=source(parsed_args=args))
 
 
+def _config_args(p: argparse.ArgumentParser) -> None:
+    """What a user supplies beside a checkpoint whose own config lacks it."""
+    p.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
+    p.add_argument("--mask-token-id", type=int, help="DFlash: the mask token, for a config that names none "
+                   "(SpecForge writes none unless told)")  # fmt: skip
+
+
 def _command(
     sub: Any, name: str, help: str, func: Command, settings: type[BaseSettings] | None, *, positional: str | None
 ) -> argparse.ArgumentParser:
@@ -124,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--set", dest="sets", action="append", help="the prompts of this set (repeatable); "
                        "the report is also summarized per set")  # fmt: skip
     _job_options(ev)
-    ev.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
+    _config_args(ev)
     outs = ev.add_mutually_exclusive_group()
     outs.add_argument("--out", type=Path, help="write the JSON report (EvalReport) of one checkpoint here")
     outs.add_argument("--out-dir", type=Path, help="write each checkpoint's report as DIR/<checkpoint name>.json")
@@ -133,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
         sub,
         "parity",
         "does a serving engine's live speculative decoding agree with the offline rounds?",
-        commands.parity,
+        checkpoint_commands.parity,
         EvaluateSettings,
         positional="checkpoint",
     )
@@ -144,29 +151,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     par.add_argument("--set", dest="sets", action="append", help="the prompts of this set (repeatable; default: all)")
     par.add_argument("--limit", type=int, help="the first N of those prompts")
-    par.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
+    _config_args(par)
     par.add_argument("--out", type=Path, help="write the JSON report (ParityReport) here")
 
     doc = _command(
         sub,
         "doctor",
         "the checkpoint's layers against the usual wrong readings, on a few prompts",
-        commands.doctor,
+        checkpoint_commands.doctor,
         EvaluateSettings,
         positional="checkpoint",
     )
     doc.add_argument("--limit", type=int, default=8, help="prompts to evaluate each reading on (default 8)")
-    doc.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
+    _config_args(doc)
 
     ins = _command(
         sub,
         "inspect",
         "what a checkpoint is and which target layers it needs",
-        commands.inspect,
+        checkpoint_commands.inspect,
         LookupSettings,
         positional="checkpoint",
     )
-    ins.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
+    _config_args(ins)
 
     _command(sub, "serve", "claim evaluation jobs from the cache server, one at a time", commands.serve,
              WorkerSettings, positional=None)  # fmt: skip
@@ -269,20 +276,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CheckpointRefused as e:
         print(f"eval-worker: checkpoint refused: {e}", file=sys.stderr)
         return ExitCode.refused
-    except ServerUnreachable as e:
+    except (ServerUnreachable, EngineNotFit, ApiError, ProtocolError, FeatureMismatch, TimeoutError) as e:
         print(f"eval-worker: {e}", file=sys.stderr)
-        return ExitCode.unreachable
-    except EngineNotFit as e:
-        print(f"eval-worker: {e}", file=sys.stderr)
-        return ExitCode.engine
-    except (ApiError, ProtocolError, FeatureMismatch, TimeoutError) as e:
-        print(f"eval-worker: {e}", file=sys.stderr)
+        if isinstance(e, ServerUnreachable | EngineNotFit):
+            return ExitCode.unreachable if isinstance(e, ServerUnreachable) else ExitCode.engine
         return ExitCode.server
-    except ValidationError as e:
-        print(f"eval-worker: {validation_message(e)}", file=sys.stderr)
-        return ExitCode.usage
-    except ValueError as e:
-        print(f"eval-worker: {e}", file=sys.stderr)
+    except ValueError as e:  # pydantic's ValidationError too, as one line
+        print(f"eval-worker: {validation_message(e) if isinstance(e, ValidationError) else e}", file=sys.stderr)
         return ExitCode.usage
     except ModuleNotFoundError as e:  # the light install runs submit, watch and compare only
         extra = {"matplotlib": "plot", "datasets": "prompts", "tensorboard": "tensorboard"}.get(

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _client(settings: ConnectionSettings) -> CacheClient:
+def connect(settings: ConnectionSettings) -> CacheClient:
+    """A client of the configured server (and its feature servers)."""
     from cache_server.client import CacheClient
 
     first, *more = settings.server_urls()
@@ -52,7 +53,7 @@ def evaluate(args: argparse.Namespace, settings: EvaluateSettings) -> int:
 
     checkpoints: list[Path] = args.checkpoints
     outputs = _report_paths(checkpoints, args.out, args.out_dir)
-    with _client(settings) as client:
+    with connect(settings) as client:
         reports = evaluate_checkpoints(
             client,
             checkpoints,
@@ -66,6 +67,7 @@ def evaluate(args: argparse.Namespace, settings: EvaluateSettings) -> int:
             block_size=args.block_size,
             layer_convention=args.layer_convention,
             config_path=args.config,
+            mask_token_id=args.mask_token_id,
             features=feature_cache(settings),
         )
     for report, out in zip(reports, outputs, strict=True):
@@ -89,50 +91,6 @@ def _report_paths(checkpoints: list[Path], out: Path | None, out_dir: Path | Non
     return list(paths)
 
 
-def parity(args: argparse.Namespace, settings: EvaluateSettings) -> int:
-    """Each prompt alone on the engine beside its offline chain rounds; 0 when every prompt agrees."""
-    from eval_worker.parity.engine import VllmEngine
-    from eval_worker.parity.run import format_parity, run_parity
-
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be at least 1, got {args.limit}")
-    with contextlib.closing(VllmEngine(args.engine)) as engine, _client(settings) as client:
-        report = run_parity(
-            client, args.checkpoint, engine, settings, sets=args.sets or (), limit=args.limit, config_path=args.config
-        )
-    print(format_parity(report))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report.model_dump_json(indent=1))
-    return ExitCode.ok if report.agreeing == len(report.prompts) else ExitCode.disagrees
-
-
-def doctor(args: argparse.Namespace, settings: EvaluateSettings) -> int:
-    """Chain tau of the declared layers and of the shifted readings, with a plain verdict."""
-    from eval_worker.evaluation.doctor import doctor as run_doctor
-    from eval_worker.evaluation.doctor import format_doctor
-
-    if args.limit < 1:
-        raise ValueError(f"--limit must be at least 1, got {args.limit}")
-    with _client(settings) as client:
-        readings = run_doctor(client, args.checkpoint, settings, limit=args.limit, config_path=args.config)
-    print(format_doctor(args.checkpoint, readings))
-    return ExitCode.ok
-
-
-def inspect(args: argparse.Namespace, settings: LookupSettings) -> int:
-    """Describe a checkpoint, and with a server check it against the server's target."""
-    from eval_worker.checkpoints.info import describe_checkpoint
-
-    client = _client(settings) if settings.server else None
-    try:
-        print(describe_checkpoint(args.checkpoint, config_path=args.config, client=client))
-    finally:
-        if client is not None:
-            client.close()
-    return ExitCode.ok
-
-
 def serve(_: argparse.Namespace, settings: WorkerSettings) -> int:
     """Claim and run jobs until SIGTERM or SIGINT (the job in hand is finished first)."""
     from cache_server.torch_utils import resolve_device
@@ -140,7 +98,7 @@ def serve(_: argparse.Namespace, settings: WorkerSettings) -> int:
 
     resolve_device(settings.device)  # a worker that cannot run its jobs must not claim them
     stop = _stop_on_signals()
-    with _client(settings) as client:
+    with connect(settings) as client:
         JobWorker(client, settings).serve(stop)
     return ExitCode.ok
 
@@ -178,7 +136,7 @@ def submit(args: argparse.Namespace, settings: SubmitSettings) -> int:
     from eval_worker.reports.table import format_report
     from schemas.jobs import JobStatus
 
-    with _client(settings) as client:
+    with connect(settings) as client:
         jobs = JobsClient(client)
         state = _submit(jobs, args, _job_path(args.checkpoint, settings.checkpoint_root), args.prompts or "all")
         if not args.wait:
@@ -203,7 +161,7 @@ def watch(args: argparse.Namespace, settings: SubmitSettings) -> int:
     stop = _stop_on_signals()
     board = _tensorboard(args.tensorboard)
     run = Path(_job_path(args.dir, settings.checkpoint_root))  # the run as the server names its checkpoints
-    with _client(settings) as client, contextlib.ExitStack() as cleanup:
+    with connect(settings) as client, contextlib.ExitStack() as cleanup:
         if board is not None:
             cleanup.callback(board.close)
         jobs = JobsClient(client)
@@ -259,7 +217,7 @@ def compare(args: argparse.Namespace, settings: LookupSettings) -> int:
 
     reports = [EvalReport.model_validate_json(Path(p).read_text()) for p in args.reports]
     if settings.server:
-        with _client(settings) as client:
+        with connect(settings) as client:
             jobs = JobsClient(client)
             reports += [jobs.report(j.job_id) for j in jobs.jobs(JobStatus.done)]
     if not reports:
@@ -282,7 +240,7 @@ def prompts_add(args: argparse.Namespace, settings: ConnectionSettings) -> int:
         enable_thinking=args.enable_thinking, max_new_tokens=args.max_new_tokens, limit=args.limit,
         shuffle_seed=args.shuffle_seed, suffix=args.suffix, skip_bad=args.skip_bad, timeout_s=settings.timeout_s,
     )  # fmt: skip
-    with _client(settings) as client:
+    with connect(settings) as client:
         added = add_prompts(client, args.files, opts)
         for message in added.skipped:
             print(f"skipped: {message}")

@@ -14,6 +14,7 @@ HF_CONFIG = "config.json"
 HF_WEIGHTS = "model.safetensors"
 HF_BIN_WEIGHTS = "pytorch_model.bin"
 HF_DIR_HOLDS = f"{HF_CONFIG} + {HF_WEIGHTS} (or {HF_BIN_WEIGHTS})"
+TRAINER_STATE = "trainer_state.json"  # beside them, where a trainer says the step (`global_step`)
 # Names `watch` looks at for torch files; a submitted file of any name is accepted if it is a zip.
 TORCH_SUFFIXES = (".pt", ".pth")
 

@@ -18,19 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from eval_worker.checkpoints.config_keys import INERT, check_keys
 from eval_worker.checkpoints.layer_ids import LayerConvention
 from eval_worker.drafters.eagle3_config import Eagle3Config, FeatureNorm
 from eval_worker.errors import CheckpointRefused
 
 Layout = Literal["eagle", "specforge", "speculators"]
 
-# HF fields that do not change a drafter's math at evaluation (bookkeeping, training, generation).
-_INERT = {
-    "architectures", "model_type", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
-    "transformers_version", "use_cache", "initializer_range", "max_position_embeddings", "attention_dropout",
-    "max_window_layers", "_name_or_path", "name_or_path", "_attn_implementation", "_attn_implementation_autoset",
-    "output_attentions", "output_hidden_states", "return_dict", "embed_requires_grad",
-}  # fmt: skip
 # HF fields that do, each read below, with the only values this drafter implements when fixed.
 _SHAPE = {
     "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps",
@@ -38,9 +32,11 @@ _SHAPE = {
 }  # fmt: skip
 _FIXED: dict[str, tuple[Any, ...]] = {
     "hidden_act": ("silu",), "attention_bias": (False,), "mlp_bias": (False,), "rope_scaling": (None,),
-    "pretraining_tp": (1,), "tie_word_embeddings": (False,), "use_sliding_window": (False,), "sliding_window": (None,),
-    "layer_types": (None, ["full_attention"]),
+    "pretraining_tp": (1,),
 }  # fmt: skip
+# HF fields read by `_window` (the attention span) and `_tied` (lm_head = embed_tokens).
+_ATTENTION = {"use_sliding_window", "sliding_window", "layer_types", "tie_word_embeddings"}
+MIN_SLIDING_WINDOW = 65  # longer than any chain (64 steps), so a round's own nodes always see each other
 _EAGLE_FIELDS = {"draft_vocab_size", "target_hidden_size"}
 _SPECFORGE_FIELDS = {"eagle_config", "fc_norm", "norm_output"}
 _SPECULATORS_FIELDS = {
@@ -76,7 +72,8 @@ def is_eagle3(raw: Mapping[str, Any]) -> bool:
     kind = raw.get("speculators_model_type")
     if kind is not None:
         if kind != "eagle3":
-            raise CheckpointRefused(f"speculators_model_type {kind!r}: only eagle3 speculators are read here")
+            theirs = " (speculators' DFlash drafts over a vocabulary and head of its own)" if kind == "dflash" else ""
+            raise CheckpointRefused(f"speculators_model_type {kind!r}: only eagle3 speculators are read here{theirs}")
         return True
     if any("dflash" in a.lower() for a in archs) or "dflash_config" in raw:
         return False
@@ -89,14 +86,14 @@ def read_layout(raw: Mapping[str, Any]) -> Eagle3Layout:
         return _speculators(raw)
     if _SPECFORGE_FIELDS & raw.keys():
         return _specforge(raw)
-    _check_keys(raw, _INERT | _SHAPE | _FIXED.keys() | _EAGLE_FIELDS, "EAGLE")
+    check_keys(raw, INERT | _SHAPE | _FIXED.keys() | _ATTENTION | _EAGLE_FIELDS, "EAGLE")
     return Eagle3Layout("eagle", _layer_config(raw, raw), None, "layer_input", "midlayer.")
 
 
 def _specforge(raw: Mapping[str, Any]) -> Eagle3Layout:
-    _check_keys(raw, _INERT | _SHAPE | _FIXED.keys() | _EAGLE_FIELDS | _SPECFORGE_FIELDS, "SpecForge")
+    check_keys(raw, INERT | _SHAPE | _FIXED.keys() | _ATTENTION | _EAGLE_FIELDS | _SPECFORGE_FIELDS, "SpecForge")
     eagle_config = _mapping(raw.get("eagle_config") or {}, "eagle_config")
-    _check_keys(eagle_config, {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state"}, "SpecForge eagle_config")
+    check_keys(eagle_config, {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state"}, "SpecForge eagle_config")
     if eagle_config.get("use_aux_hidden_state", True) is not True:
         raise CheckpointRefused("eagle_config.use_aux_hidden_state is false: an EAGLE-3 drafter reads its 3 taps")
     cfg = replace(
@@ -111,9 +108,9 @@ def _specforge(raw: Mapping[str, Any]) -> Eagle3Layout:
 def _speculators(raw: Mapping[str, Any]) -> Eagle3Layout:
     if raw["speculators_model_type"] != "eagle3":
         raise CheckpointRefused(f"speculators_model_type {raw['speculators_model_type']!r} is not an EAGLE-3 drafter")
-    _check_keys(raw, _INERT | _SPECULATORS_FIELDS, "speculators")
+    check_keys(raw, INERT | _SPECULATORS_FIELDS | {"tie_word_embeddings"}, "speculators")
     layer = _mapping(raw.get("transformer_layer_config"), "transformer_layer_config")
-    _check_keys(layer, _INERT | _SHAPE | _FIXED.keys() | {"attention_bias"}, "speculators transformer_layer_config")
+    check_keys(layer, INERT | _SHAPE | _FIXED.keys() | _ATTENTION, "speculators transformer_layer_config")
     layer_type = layer.get("model_type", "qwen3")  # speculators' own default layer is Qwen3
     if layer_type not in ("llama", "qwen3"):
         raise CheckpointRefused(f"transformer_layer_config.model_type {layer_type!r}: only llama and qwen3 layers")
@@ -145,6 +142,7 @@ def _layer_config(layer: Mapping[str, Any], top: Mapping[str, Any]) -> Eagle3Con
             f"config num_hidden_layers={layer['num_hidden_layers']}: only single-layer EAGLE-3 drafters are implemented"
         )
     hidden, heads = _int(layer, "hidden_size"), _int(layer, "num_attention_heads")
+    tied = _flag(top, "tie_word_embeddings", False)  # the drafter's own; a nested layer config's builds no embedding
     kv_heads = int(layer.get("num_key_value_heads") or heads)
     if heads % kv_heads:
         raise CheckpointRefused(f"config num_attention_heads {heads} is not a multiple of num_key_value_heads "
@@ -167,7 +165,32 @@ def _layer_config(layer: Mapping[str, Any], top: Mapping[str, Any]) -> Eagle3Con
         vocab_size=vocab,
         draft_vocab_size=draft_vocab,
         target_hidden_size=int(top.get("target_hidden_size") or hidden),
+        sliding_window=_window(layer),
+        tied_lm_head=tied,
     )
+
+
+def _window(layer: Mapping[str, Any]) -> int | None:
+    """The decoder layer's attention span: None for full attention, else its sliding window, which
+    speculators' trainer sets on every draft layer by default (2048)."""
+    types = layer.get("layer_types")
+    if types is not None and (not isinstance(types, list) or len(set(types)) != 1
+                              or types[0] not in ("full_attention", "sliding_attention")):  # fmt: skip
+        raise CheckpointRefused(f"config layer_types {types!r}: one attention type for the drafter's layer, "
+                                "full_attention or sliding_attention")  # fmt: skip
+    sliding = _flag(layer, "use_sliding_window", False)
+    if types is None and sliding:
+        raise CheckpointRefused("config sets use_sliding_window without layer_types: which layers slide is unclear")
+    if types is None or types[0] == "full_attention":
+        return None
+    window = layer.get("sliding_window")
+    if not sliding or not isinstance(window, int) or isinstance(window, bool) or window < MIN_SLIDING_WINDOW:
+        raise CheckpointRefused(
+            f"config layer_types sliding_attention needs use_sliding_window true and a sliding_window of at least "
+            f"{MIN_SLIDING_WINDOW}, got use_sliding_window={layer.get('use_sliding_window')!r}, "
+            f"sliding_window={window!r}"
+        )
+    return window
 
 
 def _rope_theta(layer: Mapping[str, Any]) -> float:
@@ -187,15 +210,6 @@ def _speculative_tokens(speculators_config: Any) -> int | None:
     if len(counts) > 1:
         raise CheckpointRefused(f"speculators_config proposal_methods name several speculative_tokens {sorted(counts)}")
     return counts.pop() if counts else None
-
-
-def _check_keys(raw: Mapping[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise CheckpointRefused(
-            f"{where} config keys {unknown} are not known to this loader; a key that may change the drafter's "
-            "math is never ignored"
-        )
 
 
 def _mapping(value: Any, what: str) -> Mapping[str, Any]:

@@ -85,6 +85,8 @@ def load_eagle3(
         target_hidden_size=cfg.target_hidden_size,
         num_target_layers=target.num_layers,
     )
+    if cfg.tied_lm_head:
+        state = _tie(state, cfg)
     expected = expected_shapes(cfg, len(layer_ids.ids))
     check_key_set(state, expected, optional={"d2t", "t2d", "embed_tokens.weight"})
     check_shapes(state, expected)
@@ -98,16 +100,31 @@ def load_eagle3(
         )
     weights = {k: v for k, v in state.items() if k != "t2d"}
     weights["d2t"] = _d2t(state, cfg)
-    if "t2d" in state and (tuple(state["t2d"].shape) != (cfg.vocab_size,) or state["t2d"].dtype != torch.bool):
-        raise CheckpointRefused(
-            f"t2d has shape {list(state['t2d'].shape)} and dtype {state['t2d'].dtype}, expected bool [{cfg.vocab_size}]"
-        )
+    if "t2d" in state:
+        _check_t2d(state["t2d"], weights["d2t"], cfg)
     drafter = Eagle3Drafter(cfg, len(layer_ids.ids), has_embed=has_embed)
     try:
         drafter.load_state_dict(weights, strict=True)
     except RuntimeError as exc:  # unreachable after the checks above, but never continue on a bad load
         raise CheckpointRefused(f"load_state_dict(strict=True) failed: {exc}") from exc
     return Eagle3Load(drafter.eval(), layer_ids)
+
+
+def _tie(state: Mapping[str, Tensor], cfg: Eagle3Config) -> dict[str, Tensor]:
+    """`state` with lm_head = embed_tokens, as `tie_word_embeddings: true` means (a saved lm_head must equal it)."""
+    embed = state.get("embed_tokens.weight")
+    if cfg.draft_vocab_size != cfg.vocab_size or embed is None:
+        raise CheckpointRefused(
+            f"config tie_word_embeddings is true, which makes lm_head the embedding: that needs the checkpoint's "
+            f"embed_tokens.weight (present: {embed is not None}) and a draft vocab equal to the vocab "
+            f"({cfg.draft_vocab_size} vs {cfg.vocab_size})"
+        )
+    saved = state.get("lm_head.weight")
+    if saved is not None and not torch.equal(saved, embed):
+        raise CheckpointRefused(
+            "config tie_word_embeddings is true but lm_head.weight differs from embed_tokens.weight"
+        )
+    return {**state, "lm_head.weight": embed}
 
 
 def _check_target(cfg: Eagle3Config, target: ModelInfo) -> None:
@@ -139,3 +156,15 @@ def _d2t(state: Mapping[str, Tensor], cfg: Eagle3Config) -> Tensor:
     if int(targets.min()) < 0 or int(targets.max()) >= v or targets.unique().numel() != vd:
         raise CheckpointRefused(f"d2t maps draft ids outside the target vocab [0, {v}) or two onto one target id")
     return d2t.long()
+
+
+def _check_t2d(t2d: Tensor, d2t: Tensor, cfg: Eagle3Config) -> None:
+    """t2d (which target ids the draft vocab holds) restates d2t; a checkpoint where they disagree is refused."""
+    if tuple(t2d.shape) != (cfg.vocab_size,) or t2d.dtype != torch.bool:
+        raise CheckpointRefused(f"t2d has shape {list(t2d.shape)} and dtype {t2d.dtype}, expected bool "
+                                f"[{cfg.vocab_size}]")  # fmt: skip
+    held = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    held[torch.arange(cfg.draft_vocab_size) + d2t] = True
+    if not torch.equal(t2d, held):
+        raise CheckpointRefused(f"t2d marks other target ids ({int(t2d.sum())}) than the {cfg.draft_vocab_size} "
+                                "that d2t maps the draft vocab to")  # fmt: skip

@@ -5,22 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eval_worker.checkpoints.dflash_layout import read_dflash_config
 from eval_worker.checkpoints.eagle3_layouts import is_eagle3, read_layout
 from eval_worker.checkpoints.layer_ids import default_layer_ids, to_decoder_outputs
 from eval_worker.checkpoints.loading import RawCheckpoint, load_checkpoint, read_raw
-from eval_worker.drafters.config import DrafterConfig
 
 if TYPE_CHECKING:
     from cache_server.client import CacheClient
 
 
-def describe_checkpoint(path: Path, *, config_path: Path | None = None, client: CacheClient | None = None) -> str:
+def describe_checkpoint(
+    path: Path, *, config_path: Path | None = None, mask_token_id: int | None = None, client: CacheClient | None = None
+) -> str:
     """What `eval-worker inspect` prints; with a `client`, also the layers it would fetch from its target."""
     raw = read_raw(path, config_path)
-    lines = _describe_eagle3(path, raw) if is_eagle3(raw.config) else _describe_dflash(path, raw)
+    lines = _describe_eagle3(path, raw) if is_eagle3(raw.config) else _describe_dflash(path, raw, mask_token_id)
     if client is not None:
         info = client.model()
-        ckpt = load_checkpoint(path, info, config_path=config_path)  # raises CheckpointRefused if unfit
+        ckpt = load_checkpoint(
+            path, info, config_path=config_path, mask_token_id=mask_token_id
+        )  # raises CheckpointRefused if unfit
         lines.append(
             f"against {info.name:<10} layers {list(ckpt.target_layer_ids)} ({ckpt.layer_ids_source}); loads strictly"
         )
@@ -39,7 +43,9 @@ def _describe_eagle3(path: Path, raw: RawCheckpoint) -> list[str]:
             ids += f" = served layers {list(to_decoder_outputs(layout.layer_ids, layout.convention))}"
     flags = [f for f, on in (("norm_before_residual", cfg.norm_before_residual), ("qk_norm", cfg.qk_norm),
                              ("feeds norm(x) back", cfg.feed_normed), ("logits from raw x", not cfg.logits_from_norm))
-             if on] + ([f"feature norm {cfg.feature_norm}"] if cfg.feature_norm != "none" else [])  # fmt: skip
+             if on] + ([f"feature norm {cfg.feature_norm}"] if cfg.feature_norm != "none" else []) + (
+                 [f"sliding window {cfg.sliding_window}"] if cfg.sliding_window else []) + (
+                 ["lm_head tied to embed_tokens"] if cfg.tied_lm_head else [])  # fmt: skip
     return [
         f"checkpoint         {path}",
         f"format             {raw.format}",
@@ -57,8 +63,8 @@ def _describe_eagle3(path: Path, raw: RawCheckpoint) -> list[str]:
     ]
 
 
-def _describe_dflash(path: Path, raw: RawCheckpoint) -> list[str]:
-    cfg = DrafterConfig.from_hf_dict(raw.config)
+def _describe_dflash(path: Path, raw: RawCheckpoint, mask_token_id: int | None) -> list[str]:
+    cfg = read_dflash_config(raw.config, mask_token_id=mask_token_id)
     fc = raw.state.get("fc.weight")
     fc_shape = list(fc.shape) if fc is not None else None
     taps = fc_shape[1] // cfg.hidden_size if fc_shape and fc_shape[1] % cfg.hidden_size == 0 else None

@@ -1,9 +1,10 @@
 """Load drafter checkpoints (DFlash or EAGLE-3, told apart by their config) - strictly, or not at all.
 
 Two formats: a HF directory (`config.json` + `model.safetensors` or `pytorch_model.bin`, no remote
-code) and a `torch.save` dict `{"model_state_dict", "global_step", "epoch", "config"?}`, both read
-with `weights_only=True`. Anything that would not load with `strict=True` into a drafter fitting the
-target raises `CheckpointRefused` naming the tensor, the shapes and the layer ids.
+code; its step from a `trainer_state.json` beside them) and a `torch.save` dict `{"model_state_dict",
+"global_step", "epoch", "config"?}`, both read with `weights_only=True`. Anything that would not load
+with `strict=True` into a drafter fitting the target raises `CheckpointRefused` naming the tensor, the
+shapes and the layer ids.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
+from eval_worker.checkpoints.dflash_layout import read_dflash_config
 from eval_worker.checkpoints.eagle3_layouts import is_eagle3, read_layout
 from eval_worker.checkpoints.eagle3_loading import load_eagle3
 from eval_worker.checkpoints.layer_ids import LayerConvention, LayerIdsSource, ResolvedLayerIds, resolve_layer_ids
@@ -30,7 +32,7 @@ from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.drafters.eagle3_config import Eagle3Config
 from eval_worker.drafters.model import DFlashDrafter
 from eval_worker.errors import CheckpointRefused
-from schemas.checkpoint_layout import HF_BIN_WEIGHTS, HF_CONFIG, HF_WEIGHTS
+from schemas.checkpoint_layout import HF_BIN_WEIGHTS, HF_CONFIG, HF_WEIGHTS, TRAINER_STATE
 from schemas.layers import layer_list_problem
 from schemas.model import ModelInfo
 
@@ -113,16 +115,19 @@ def load_checkpoint(
     layer_ids_override: Sequence[int] | None = None,
     block_size_override: int | None = None,
     layer_convention: LayerConvention | None = None,
+    mask_token_id: int | None = None,
 ) -> LoadedCheckpoint:
     """A drafter that fits `target`, loaded strictly from `path` (a HF dir or a torch.save file).
 
     `layer_ids_override` (decoder outputs) is only for checkpoints that name no layers (one that
     contradicts them is refused); `block_size_override` drafts a different DFlash block length than
-    the config's; `layer_convention` reads an EAGLE-3 checkpoint's ids in that convention."""
+    the config's; `layer_convention` reads an EAGLE-3 checkpoint's ids in that convention;
+    `mask_token_id` is for DFlash configs that name none."""
     raw = read_raw(path, config_path)
     if is_eagle3(raw.config):
-        if block_size_override is not None:
-            raise CheckpointRefused(f"{path} is an EAGLE-3 drafter: --block-size applies to DFlash only")
+        for flag, value in (("--block-size", block_size_override), ("--mask-token-id", mask_token_id)):
+            if value is not None:
+                raise CheckpointRefused(f"{path} is an EAGLE-3 drafter: {flag} applies to DFlash only")
         layout = read_layout(raw.config)
         loaded = load_eagle3(
             raw.state, layout, target,
@@ -141,7 +146,7 @@ def load_checkpoint(
     if layer_convention is not None:
         raise CheckpointRefused(f"{path} is a DFlash drafter: its ids are decoder outputs; --layer-convention "
                                 "applies to EAGLE-3 only")  # fmt: skip
-    cfg = DrafterConfig.from_hf_dict(raw.config, block_size=block_size_override)
+    cfg = read_dflash_config(raw.config, block_size=block_size_override, mask_token_id=mask_token_id)
     _check_target_fit(cfg, target)
     check_key_set(raw.state, expected_shapes(cfg, 1))
     layer_ids = resolve_layer_ids(
@@ -184,7 +189,21 @@ def _read_hf_dir(path: Path, config_path: Path | None) -> RawCheckpoint:
     else:
         raise CheckpointRefused(f"{path} has neither {HF_WEIGHTS} nor {HF_BIN_WEIGHTS} (sharded checkpoints are "
                                 "not supported)")  # fmt: skip
-    return RawCheckpoint("hf_dir", state, _read_json(config_path or path / HF_CONFIG), None, None)
+    step, epoch = _trainer_state(path / TRAINER_STATE)
+    return RawCheckpoint("hf_dir", state, _read_json(config_path or path / HF_CONFIG), step, epoch)
+
+
+def _trainer_state(path: Path) -> tuple[int | None, int | None]:
+    """A HF directory's training step (and whole epoch) from the `trainer_state.json` trainers write beside it."""
+    if not path.is_file():
+        return None, None
+    state = _read_json(path)
+    step, epoch = state.get("global_step"), state.get("epoch")
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise CheckpointRefused(f"{path}: global_step must be an integer, got {step!r}")
+    if isinstance(epoch, int | float) and not isinstance(epoch, bool) and float(epoch).is_integer():
+        return step, int(epoch)
+    return step, None  # HF trainers write fractional epochs
 
 
 def _torch_load(path: Path) -> Any:
@@ -262,6 +281,10 @@ def _check_target_fit(cfg: DrafterConfig, target: ModelInfo) -> None:
     if not 0 <= cfg.mask_token_id < target.vocab_size:
         raise CheckpointRefused(
             f"mask_token_id {cfg.mask_token_id} is outside the target vocab [0, {target.vocab_size})"
+        )
+    if cfg.vocab_size is not None and cfg.vocab_size != target.vocab_size:
+        raise CheckpointRefused(
+            f"drafter was built for a vocab of {cfg.vocab_size}; target {target.name!r} has {target.vocab_size}"
         )
     if cfg.num_target_layers is not None and cfg.num_target_layers != target.num_layers:
         raise CheckpointRefused(

@@ -31,10 +31,14 @@ class DrafterConfig:
     mask_token_id: int
     target_layer_ids: tuple[int, ...] | None = None
     num_target_layers: int | None = None
+    vocab_size: int | None = None  # the target vocab it was built for, when the config says
 
     @classmethod
-    def from_hf_dict(cls, raw: Mapping[str, Any], *, block_size: int | None = None) -> DrafterConfig:
-        """Parse a HF config dict; `block_size` (an evaluation choice) replaces the config's if given."""
+    def from_hf_dict(
+        cls, raw: Mapping[str, Any], *, block_size: int | None = None, mask_token_id: int | None = None
+    ) -> DrafterConfig:
+        """Parse a HF config dict; `block_size` (an evaluation choice) replaces the config's if given;
+        `mask_token_id` stands in for a config without one (one that names another is refused)."""
         dflash = raw.get("dflash_config") or {}
         if not isinstance(dflash, Mapping):
             raise CheckpointRefused(f"config dflash_config must be an object, got {type(dflash).__name__}")
@@ -53,9 +57,10 @@ class DrafterConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=_rope_theta(raw),
             block_size=int(block_size or _one_of(raw, dflash, "block_size", required=True)),
-            mask_token_id=int(_one_of(raw, dflash, "mask_token_id", required=True)),
+            mask_token_id=_mask_token_id(raw, dflash, mask_token_id),
             target_layer_ids=tuple(int(k) for k in ids) if ids is not None else None,
             num_target_layers=int(num_target) if num_target is not None else None,
+            vocab_size=_int(raw, "vocab_size") if raw.get("vocab_size") is not None else None,
         )
         if cfg.block_size < 2:
             raise CheckpointRefused(f"config block_size must be at least 2, got {cfg.block_size}")
@@ -85,6 +90,8 @@ class DrafterConfig:
         }
         if self.num_target_layers is not None:
             out["num_target_layers"] = self.num_target_layers
+        if self.vocab_size is not None:
+            out["vocab_size"] = self.vocab_size
         dflash: dict[str, Any] = {}
         if self.target_layer_ids is not None:
             dflash["target_layer_ids"] = list(self.target_layer_ids)
@@ -117,6 +124,22 @@ def _one_of(raw: Mapping[str, Any], dflash: Mapping[str, Any], key: str, *, requ
     if value is None and required:
         raise CheckpointRefused(f"config lacks {key!r} (looked at the top level and in dflash_config)")
     return value
+
+
+def _mask_token_id(raw: Mapping[str, Any], dflash: Mapping[str, Any], supplied: int | None) -> int:
+    """The config's mask token, else the supplied one; refused when neither or when they differ."""
+    named = _one_of(raw, dflash, "mask_token_id", required=False)
+    if named is not None:
+        if supplied is not None and int(named) != supplied:
+            raise CheckpointRefused(f"--mask-token-id {supplied} contradicts the config's mask_token_id {named}")
+        return int(named)
+    if supplied is None:
+        raise CheckpointRefused(
+            "config names no mask_token_id (looked at the top level and in dflash_config): pass --mask-token-id "
+            "with the id the drafter was trained with (a spare row of the target's embedding), or write it to "
+            "dflash_config.mask_token_id"
+        )
+    return supplied
 
 
 def _rope_theta(raw: Mapping[str, Any]) -> float:

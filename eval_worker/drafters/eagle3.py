@@ -164,6 +164,12 @@ class Eagle3Drafter(nn.Module):
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype)
         return cos.unsqueeze(-3), sin.unsqueeze(-3)  # [..., 1, S, D]: broadcast over heads
 
+    def _outside_window(self, cols: Tensor, rows: Tensor) -> Tensor:
+        """Which context positions `cols` a query at position `rows` does not see under a sliding window
+        (a tree's nodes always do: windows are longer than any chain, see the layouts)."""
+        w = self.cfg.sliding_window
+        return cols <= rows - w if w is not None else torch.zeros_like(cols, dtype=torch.bool)
+
     def prefill(self, taps: Tensor, token_ids: Tensor, embed_tokens: Tensor) -> Eagle3Context:
         """taps [T, K*Ht] and token ids [T] of one sequence -> its context on target features."""
         t = taps.shape[0] - 1
@@ -174,8 +180,9 @@ class Eagle3Drafter(nn.Module):
         for lo in range(0, t, _PREFILL_ROWS):
             hi = min(lo + _PREFILL_ROWS, t)
             rows = torch.arange(lo, hi, device=taps.device)[:, None]
+            cols = torch.arange(hi, device=taps.device)[None]
             causal = torch.zeros(hi - lo, hi, dtype=x.dtype, device=x.device)
-            causal = causal.masked_fill(torch.arange(hi, device=taps.device)[None] > rows, float("-inf"))
+            causal = causal.masked_fill((cols > rows) | self._outside_window(cols, rows), float("-inf"))
             out.append(self.midlayer.self_attn.attend(q[:, lo:hi], [(k[:, :hi], v[:, :hi], causal[None])]))
         return Eagle3Context(k, v, self.midlayer.finish(residual, torch.cat(out)))
 
@@ -193,7 +200,8 @@ class Eagle3Drafter(nn.Module):
         if batch.which is not None:
             kc, vc = kc[batch.which], vc[batch.which]
         c = kc.shape[-2]
-        hidden_ctx = torch.arange(c, device=x.device)[None, :] >= batch.anchors[:, None]  # [m, C]
+        cols = torch.arange(c, device=x.device)[None, :]
+        hidden_ctx = (cols >= batch.anchors[:, None]) | self._outside_window(cols, positions[:, None])  # [m, C]
         ctx_bias = torch.zeros(m, 1, n, c, dtype=x.dtype, device=x.device)
         ctx_bias = ctx_bias.masked_fill(hidden_ctx[:, None, None, :], float("-inf"))
         tree_bias = torch.zeros(batch.tree_visible.shape, dtype=x.dtype, device=x.device)

@@ -33,3 +33,5 @@ class Eagle3Config:
     logits_from_norm: bool = True  # logits = lm_head(norm(x)); False: lm_head(x)
     feed_normed: bool = False  # later steps read norm(x) instead of x (EAGLE 3.1)
     speculative_tokens: int | None = None  # the layout's own chain length, when it names one
+    sliding_window: int | None = None  # attend to the last W positions only (speculators' default layers)
+    tied_lm_head: bool = False  # lm_head is embed_tokens (tie_word_embeddings), not a tensor of its own

@@ -35,11 +35,17 @@ class Reading:
 
 
 def doctor(
-    client: CacheClient, checkpoint: Path, settings: EvaluateSettings, *, limit: int, config_path: Path | None = None
+    client: CacheClient,
+    checkpoint: Path,
+    settings: EvaluateSettings,
+    *,
+    limit: int,
+    config_path: Path | None = None,
+    mask_token_id: int | None = None,
 ) -> list[Reading]:
     """The declared reading first, then each shifted one the target's layers allow."""
     info = client.model()
-    loaded = load_checkpoint(checkpoint, info, config_path=config_path)
+    loaded = load_checkpoint(checkpoint, info, config_path=config_path, mask_token_id=mask_token_id)
     declared = loaded.target_layer_ids
     shifts = [s for s in (0, -1, +1) if all(0 <= k + s < info.num_layers for k in declared)]
     variants = [_shifted(loaded, s) for s in shifts]

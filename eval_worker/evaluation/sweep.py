@@ -87,6 +87,7 @@ def evaluate_checkpoints(
     block_size: int | None = None,
     layer_convention: LayerConvention | None = None,
     config_path: Path | None = None,
+    mask_token_id: int | None = None,
     progress: bool = True,
     features: FeatureCache | None = None,
 ) -> list[EvalReport]:
@@ -106,6 +107,7 @@ def evaluate_checkpoints(
         try:
             loaded.append(load_checkpoint(
                 c, info, config_path=config_path, layer_ids_override=layer_ids, block_size_override=block_size,
+                mask_token_id=mask_token_id,
                 layer_convention=layer_convention,
             ))  # fmt: skip
         except CheckpointRefused as e:  # in a sweep, say which checkpoint

@@ -22,7 +22,7 @@ from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.drafters.model import DFlashDrafter
 from schemas.parity import ParityReport
 from schemas.prompts import PromptSpec
-from tests.support.checkpoints import save_hf_checkpoint
+from tests.support.checkpoints import engine_keys, save_hf_checkpoint
 from tests.support.eagle3 import eagle3_config, frequent_d2t, save_eagle3, train_eagle3
 from tests.support.engine import VllmServer, vllm_python
 from tests.support.servers import free_port, running_server
@@ -66,7 +66,13 @@ def _dflash(model_dir: Path, model: Any, prompts: list[list[int]]) -> tuple[Path
     drafter = DFlashDrafter(cfg, len(LAYERS))
     data = make_sequences(model, prompts, LAYERS, NEW_TOKENS)
     TinyTrainer(drafter, data, model.get_input_embeddings().weight, model.get_output_embeddings().weight).run(40)
-    return save_hf_checkpoint(model_dir.parent / "drafter", drafter, extra=ENGINE_KEYS), "dflash", drafter
+    return (
+        save_hf_checkpoint(
+            model_dir.parent / "drafter", drafter, extra=engine_keys(AutoConfig.from_pretrained(model_dir))
+        ),
+        "dflash",
+        drafter,
+    )
 
 
 def _eagle3(model_dir: Path, model: Any, prompts: list[list[int]]) -> tuple[Path, str, Eagle3Drafter]:
@@ -91,14 +97,6 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, 
 def eagle_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path, Eagle3Drafter]]:
     """EAGLE-3, the same."""
     yield from _engine_and_server(tmp_path_factory.mktemp("parity-eagle"), 8, _eagle3)
-
-
-ENGINE_KEYS = {
-    "vocab_size": 512,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-    "torch_dtype": "float32",
-}
 
 
 def _parity(engine: str, server: str, checkpoint: Path, out: Path) -> tuple[int, ParityReport]:
@@ -129,11 +127,13 @@ def test_live_rounds_equal_the_offline_rounds_on_every_prompt(
 def test_a_checkpoint_reading_other_layers_than_the_served_one_is_caught(
     setup: tuple[str, str, Path, DFlashDrafter], tmp_path: Path
 ) -> None:
-    engine, server, _, drafter = setup
+    engine, server, served, drafter = setup
     shifted_cfg = dataclasses.replace(drafter.cfg, target_layer_ids=tuple(k - 1 for k in LAYERS))  # one layer off
     shifted = DFlashDrafter(shifted_cfg, len(LAYERS))
     shifted.load_state_dict(drafter.state_dict())
-    checkpoint = save_hf_checkpoint(tmp_path / "shifted", shifted, extra=ENGINE_KEYS)
+    checkpoint = save_hf_checkpoint(
+        tmp_path / "shifted", shifted, extra=engine_keys(AutoConfig.from_pretrained(served.parent / "target"))
+    )
     code, report = _parity(engine, server, checkpoint, tmp_path / "parity.json")
     assert code == 1 and report.agreeing < len(report.prompts)
     assert report.offline_tau is not None and report.live_tau is not None and report.offline_tau < report.live_tau

@@ -12,18 +12,36 @@ from safetensors.torch import save_file
 
 from eval_worker.drafters.config import HfLayout
 from eval_worker.drafters.model import DFlashDrafter
-from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS
+from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS, TRAINER_STATE
+
+
+def engine_keys(target_config: Any) -> dict[str, Any]:
+    """The config keys vLLM needs in a DFlash drafter's config beyond the published layout's, for a target
+    (a HF config)."""
+    return {
+        "vocab_size": target_config.vocab_size,
+        "max_position_embeddings": target_config.max_position_embeddings,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
 
 
 def save_hf_checkpoint(
-    out_dir: Path, drafter: DFlashDrafter, *, layout: HfLayout = "published", extra: Mapping[str, Any] | None = None
+    out_dir: Path,
+    drafter: DFlashDrafter,
+    *,
+    layout: HfLayout = "published",
+    extra: Mapping[str, Any] | None = None,
+    global_step: int | None = None,
 ) -> Path:
     """Write `config.json` + `model.safetensors` in the published DFlash layout; `extra` config keys too
-    (vLLM also wants `vocab_size`, `max_position_embeddings`, `tie_word_embeddings`, `torch_dtype`)."""
+    (`engine_keys` for vLLM); with `global_step`, a `trainer_state.json` naming it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
     save_file(state, out_dir / HF_WEIGHTS)
     (out_dir / HF_CONFIG).write_text(json.dumps({**drafter.cfg.to_hf_dict(layout), **(extra or {})}, indent=2))
+    if global_step is not None:
+        (out_dir / TRAINER_STATE).write_text(json.dumps({"global_step": global_step, "epoch": 0}))
     return out_dir
 
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.drafters.eagle3_config import Eagle3Config
-from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS
+from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS, TRAINER_STATE
 from tests.support.tiny_trainer import attention_shape
 
 SaveLayout = Literal["eagle", "specforge", "speculators"]
@@ -126,8 +126,10 @@ def eagle3_files(drafter: Eagle3Drafter, layout: SaveLayout, *, layer_ids: Seque
 
 
 def save_eagle3(out: Path, drafter: Eagle3Drafter, layout: SaveLayout, *, layer_ids: Sequence[int] | None = None,
-                steps: int | None = None, global_step: int | None = None) -> Path:  # fmt: skip
-    """A HF directory (`out`), or with `global_step` a training `torch.save` dict at `out` with its config."""
+                steps: int | None = None, global_step: int | None = None,
+                hf_step: int | None = None) -> Path:  # fmt: skip
+    """A HF directory (`out`, with `hf_step` in its `trainer_state.json`), or with `global_step` a training
+    `torch.save` dict at `out` with its config."""
     config, state = eagle3_files(drafter, layout, layer_ids=layer_ids, steps=steps)
     if global_step is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -136,4 +138,6 @@ def save_eagle3(out: Path, drafter: Eagle3Drafter, layout: SaveLayout, *, layer_
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, out / HF_WEIGHTS)
     (out / HF_CONFIG).write_text(json.dumps(config, indent=2))
+    if hf_step is not None:
+        (out / TRAINER_STATE).write_text(json.dumps({"global_step": hf_step, "epoch": 0}))
     return out

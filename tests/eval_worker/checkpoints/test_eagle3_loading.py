@@ -114,3 +114,22 @@ def test_refusals_name_what_is_wrong(
         _edit_config(path, rope_scaling={"rope_type": "llama3", "factor": 8.0})
     with pytest.raises(CheckpointRefused, match=message):
         load_checkpoint(path, info)
+
+
+def test_tied_word_embeddings_make_the_head_the_embedding(tmp_path: Path, eagle_target: Any, info: ModelInfo) -> None:
+    """`tie_word_embeddings: true` is honoured: lm_head is embed_tokens (saved without its own copy, as HF does)."""
+    full = random_eagle3(eagle3_config(eagle_target.config), 3, seed=2)  # draft vocab = the target's
+    full.embed_tokens = torch.nn.Embedding(full.cfg.vocab_size, full.cfg.hidden_size)
+    full.has_embed = True
+    path = save_eagle3(tmp_path / "tied", full, "speculators", layer_ids=[2, 6, 9])
+    _edit_config(path, tie_word_embeddings=True)
+    _drop_tensor(path, "lm_head.weight")
+    loaded = load_checkpoint(path, info)
+    assert loaded.config.tied_lm_head  # type: ignore[union-attr]
+    assert torch.equal(loaded.drafter.lm_head.weight, full.embed_tokens.weight)
+
+    narrow = save_eagle3(tmp_path / "narrow", random_eagle3(eagle3_config(eagle_target.config, draft_vocab_size=100),
+                                                            3), "speculators", layer_ids=[2, 6, 9])  # fmt: skip
+    _edit_config(narrow, tie_word_embeddings=True)
+    with pytest.raises(CheckpointRefused, match=r"tie_word_embeddings is true.*draft vocab equal to the vocab"):
+        load_checkpoint(narrow, info)

@@ -204,10 +204,13 @@ def test_a_specforge_dflash_config_is_dflash_though_it_names_a_draft_vocab(tmp_p
     """SpecForge 0.2 writes `draft_vocab_size` into DFlash configs too: the family is what the file says."""
     ckpt = _hf_dir(tmp_path)
     raw = json.loads((ckpt / "config.json").read_text())
-    raw |= {"architectures": ["DFlashDraftModel"], "draft_vocab_size": TARGET.vocab_size}
-    _rewrite(ckpt, config=raw)
+    raw |= {"architectures": ["DFlashDraftModel"], "vocab_size": TARGET.vocab_size}
+    _rewrite(ckpt, config=raw | {"draft_vocab_size": TARGET.vocab_size})
     loaded = load_checkpoint(ckpt, TARGET)
     assert (loaded.family, loaded.target_layer_ids) == ("dflash", (1, 2, 4))
+    _rewrite(ckpt, config=raw | {"draft_vocab_size": TARGET.vocab_size // 2})  # a draft vocab it cannot decode with
+    with pytest.raises(CheckpointRefused, match="a draft vocabulary is not implemented"):
+        load_checkpoint(ckpt, TARGET)
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ def test_rope_parameters_form_and_head_dim_default() -> None:
     ("change", "message"),
     [
         ({"mask_token_id": 7}, "mask_token_id=7 at the top level but 99 in dflash_config"),
-        ({"dflash_config": {}}, "lacks 'mask_token_id'"),
+        ({"dflash_config": {}}, "names no mask_token_id.*pass --mask-token-id"),
         ({"block_size": None}, "lacks 'block_size'"),
         ({"rope_theta": None}, "neither rope_theta"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "RoPE type 'yarn'"),

@@ -1,0 +1,76 @@
+"""The `eval-worker` sub-commands that look at one checkpoint against a server: `inspect`, `parity`
+(against a serving engine) and `doctor` (against the usual wrong readings of its layers)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from typing import TYPE_CHECKING
+
+from eval_worker.commands import connect
+from eval_worker.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from eval_worker.settings import EvaluateSettings, LookupSettings
+
+
+def parity(args: argparse.Namespace, settings: EvaluateSettings) -> int:
+    """Each prompt alone on the engine beside its offline chain rounds; 0 when every prompt agrees."""
+    from eval_worker.parity.engine import VllmEngine
+    from eval_worker.parity.run import format_parity, run_parity
+
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    with contextlib.closing(VllmEngine(args.engine)) as engine, connect(settings) as client:
+        report = run_parity(
+            client,
+            args.checkpoint,
+            engine,
+            settings,
+            sets=args.sets or (),
+            limit=args.limit,
+            config_path=args.config,
+            mask_token_id=args.mask_token_id,
+        )
+    print(format_parity(report))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report.model_dump_json(indent=1))
+    return ExitCode.ok if report.agreeing == len(report.prompts) else ExitCode.disagrees
+
+
+def doctor(args: argparse.Namespace, settings: EvaluateSettings) -> int:
+    """Chain tau of the declared layers and of the shifted readings, with a plain verdict."""
+    from eval_worker.evaluation.doctor import doctor as run_doctor
+    from eval_worker.evaluation.doctor import format_doctor
+
+    if args.limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    with connect(settings) as client:
+        readings = run_doctor(
+            client,
+            args.checkpoint,
+            settings,
+            limit=args.limit,
+            config_path=args.config,
+            mask_token_id=args.mask_token_id,
+        )
+    print(format_doctor(args.checkpoint, readings))
+    return ExitCode.ok
+
+
+def inspect(args: argparse.Namespace, settings: LookupSettings) -> int:
+    """Describe a checkpoint, and with a server check it against the server's target."""
+    from eval_worker.checkpoints.info import describe_checkpoint
+
+    client = connect(settings) if settings.server else None
+    try:
+        print(
+            describe_checkpoint(
+                args.checkpoint, config_path=args.config, mask_token_id=args.mask_token_id, client=client
+            )
+        )
+    finally:
+        if client is not None:
+            client.close()
+    return ExitCode.ok
