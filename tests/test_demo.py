@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from demo.__main__ import main
+from eval_worker.cli import main as eval_worker_main
+from schemas.parity import ParityReport
+from tests.support.engine import VllmServer
+from tests.support.servers import free_port, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -31,3 +36,25 @@ def test_demo_refuses_a_directory_it_did_not_make(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as e:
         main(["--workdir", str(precious)])
     assert e.value.code == 2 and (precious / "thesis.tex").read_text() == "not the demo's"
+
+
+@pytest.mark.engine
+def test_vllm_serves_the_demos_checkpoints_as_saved_and_agrees(tmp_path: Path) -> None:
+    """The demo's HF checkpoints, given to vLLM as they are, serve at the offline rounds (parity exit 0)."""
+    workdir = tmp_path / "demo"
+    assert main(["--workdir", str(workdir), "--layers", "8", "--new-tokens", "16", "--steps", "5", "40"]) == 0
+    with running_server(workdir / "target", workdir / "store") as server:
+        for method, checkpoint, k in [("dflash", "dflash_step_40", 3), ("eagle3", "eagle3_step_40", 4)]:
+            served = workdir / "runs" / checkpoint
+            spec = json.dumps({"method": method, "model": str(served), "num_speculative_tokens": k})
+            engine = VllmServer(workdir / "target", free_port(), tmp_path / f"vllm-{method}.log",
+                                "--speculative-config", spec)  # fmt: skip
+            engine.start()
+            try:
+                out = tmp_path / f"{method}.json"
+                argv = ["parity", str(served), "--engine", engine.url, "--server", server, "--out", str(out)]
+                assert eval_worker_main([*argv, "--device", "cpu"]) == 0, method
+            finally:
+                engine.stop()
+            report = ParityReport.model_validate_json(out.read_text())
+            assert (report.drafter_family, report.speculative_tokens, report.agreeing) == (method, k, 8)
