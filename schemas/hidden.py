@@ -11,6 +11,7 @@ HIDDEN_TENSOR = "hidden"
 TOKEN_IDS_TENSOR = "token_ids"
 EMBED_TENSOR = "embed_tokens.weight"
 LM_HEAD_TENSOR = "lm_head.weight"
+FINAL_NORM_TENSOR = "norm.weight"  # the target's final RMSNorm, when it is the plain (Llama) one
 
 
 class HiddenMetadata(BaseModel):

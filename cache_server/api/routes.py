@@ -122,10 +122,14 @@ async def hidden(
 @router.get(
     "/target/heads",
     response_class=Response,
-    responses=_binary(SAFETENSORS, "safetensors: embed_tokens.weight and lm_head.weight, both [V, H]"),
+    responses=_binary(
+        SAFETENSORS,
+        "safetensors: embed_tokens.weight and lm_head.weight, both [V, H], and "
+        "norm.weight [H] (metadata final_norm_eps) when the final norm is a plain RMSNorm",
+    ),
 )
 async def target_heads(service: ServiceDep) -> Response:
-    """The target's input embedding and output head, which DFlash drafters borrow."""
+    """The target's input embedding and output head, which DFlash drafters borrow (and its final norm)."""
     return Response(content=await run_in_threadpool(lambda: service.heads), media_type=SAFETENSORS)
 
 

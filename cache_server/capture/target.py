@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 # Positions per lm_head chunk when checking greedy agreement: 1024 x 152k vocab fp32 = 0.6 GB.
 _ARGMAX_ROWS = 1024
+# Final norms computed exactly as `weight * x / sqrt(mean(x^2) + eps)` (x in fp32, cast back before the weight).
+PLAIN_RMSNORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "MistralRMSNorm"}
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,14 @@ class Target:
             greedy = lm_head(normed[lo:hi]).argmax(dim=-1)
             mismatches += int((greedy != tokens[lo + 1 : hi + 1].to(greedy.device)).sum())
         return mismatches
+
+    def final_norm(self) -> tuple[torch.Tensor, float] | None:
+        """The final norm's weight (on CPU) and eps, what HF applies to the last `hidden_states` entry, when it
+        is the plain RMSNorm `weight * x / sqrt(mean(x^2) + eps)`; None for any other norm."""
+        norm = getattr(self.model.get_decoder(), "norm", None)
+        if norm is None or type(norm).__name__ not in PLAIN_RMSNORMS:
+            return None
+        return norm.weight.detach().to("cpu"), float(norm.variance_epsilon)
 
     def heads(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(embed_tokens.weight, lm_head.weight) on CPU, what a DFlash drafter borrows."""

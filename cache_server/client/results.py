@@ -48,6 +48,8 @@ class TargetHeads:
     embed_tokens: np.ndarray
     lm_head: np.ndarray
     fingerprint: str
+    final_norm: np.ndarray | None = None  # [H], when the target's final norm is a plain RMSNorm
+    final_norm_eps: float | None = None
 
     def to_torch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(embed_tokens, lm_head) as torch tensors over the same memory."""

@@ -13,7 +13,14 @@ from cache_server.errors import InvalidLayers
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
 from cache_server.torch_utils import dtype_name
-from schemas.hidden import EMBED_TENSOR, HIDDEN_TENSOR, LM_HEAD_TENSOR, TOKEN_IDS_TENSOR, HiddenMetadata
+from schemas.hidden import (
+    EMBED_TENSOR,
+    FINAL_NORM_TENSOR,
+    HIDDEN_TENSOR,
+    LM_HEAD_TENSOR,
+    TOKEN_IDS_TENSOR,
+    HiddenMetadata,
+)
 from schemas.safetensors_frame import FramedBody, TensorSpec, frame, numpy_dtype
 
 
@@ -64,9 +71,13 @@ def hidden_body(
 
 
 def heads_body(target: Target) -> bytes:
-    """The safetensors body of a target's embed_tokens and lm_head (the service builds it once)."""
+    """The safetensors body of a target's embed_tokens and lm_head, and its final norm's weight and eps when
+    that is a plain RMSNorm (the service builds it once)."""
     embed, lm_head = target.heads()
-    return save(
-        {EMBED_TENSOR: embed.contiguous(), LM_HEAD_TENSOR: lm_head.contiguous().clone()},  # clone: may be tied
-        metadata={"model_fingerprint": target.info.fingerprint, "dtype": dtype_name(embed.dtype)},
-    )
+    tensors = {EMBED_TENSOR: embed.contiguous(), LM_HEAD_TENSOR: lm_head.contiguous().clone()}  # clone: may be tied
+    metadata = {"model_fingerprint": target.info.fingerprint, "dtype": dtype_name(embed.dtype)}
+    norm = target.final_norm()
+    if norm is not None:
+        tensors[FINAL_NORM_TENSOR] = norm[0].contiguous()
+        metadata["final_norm_eps"] = repr(norm[1])
+    return save(tensors, metadata=metadata)

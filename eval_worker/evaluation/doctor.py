@@ -1,66 +1,113 @@
 """`eval-worker doctor`: a checkpoint evaluated on a few prompts with the layers it declares and with
-the usual wrong readings (every id one layer earlier, one layer later), so that a drafter read in the
-wrong convention shows as a reading that scores clearly higher. It never changes what `evaluate` does.
-(The normed last layer is not a reading here: the cache keeps raw outputs and the worker has no final
-norm; K-1 or K+1 taps never fit the checkpoint's fc.)"""
+the usual wrong readings, so that a drafter read in the wrong convention shows as a reading that scores
+clearly higher. It never changes what `evaluate` does.
+
+The readings: every id one layer earlier and one layer later (the two conventions), and, when it
+declares the target's last layer, that layer through the target's final norm (HF's last
+`hidden_states` entry is normed; the cache serves raw decoder outputs). K-1 or K+1 taps are no reading
+here: a checkpoint's fc reads exactly its K taps."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache_server.client import CacheClient
+import torch
+
+from cache_server.client import CacheClient, HiddenResult, TargetHeads
+from cache_server.torch_utils import as_numpy
 from eval_worker.checkpoints.loading import LoadedCheckpoint, load_checkpoint
+from eval_worker.evaluation.source import FeatureSource
 from eval_worker.evaluation.sweep import evaluate_checkpoints, select_prompts
 from eval_worker.settings import EvaluateSettings
+from schemas.model import ModelInfo
 
 # Another reading is "clearly higher" when its chain tau beats the declared one by both margins.
 _RATIO, _ABSOLUTE = 1.1, 0.2
-_ADVICE = {
-    -1: "its ids are probably layer inputs (HF hidden_states indices): pass --layer-convention layer_input",
-    +1: "its ids are probably one below the layers it was trained on (an offset convention, as SGLang's +1): "
-    "check how its trainer wrote them and fix its config",
-}
+_SHIFTS = {
+    -1: ("one layer earlier", "its ids are probably layer inputs (HF hidden_states indices): pass "
+                              "--layer-convention layer_input"),
+    +1: ("one layer later", "its ids are probably one below the layers it was trained on (an offset convention, "
+                            "as SGLang's +1): check how its trainer wrote them and fix its config"),
+}  # fmt: skip
+_NORMED = (
+    "last layer normed",
+    "it was probably trained on HF's last hidden_states entry, which is the last layer "
+    "after the target's final norm, where this cache (and vLLM) serve its raw output: retrain on raw features",
+)
 
 
 @dataclass(frozen=True)
 class Reading:
-    """One way to read the checkpoint's layers, and the chain tau it scores."""
+    """One way to read the checkpoint's layers, the chain tau it scores, and what it would mean."""
 
     name: str
-    shift: int
     layer_ids: tuple[int, ...]
     chain_tau: float | None
+    advice: str = ""
+
+
+class NormedLayer:
+    """A `FeatureSource` that serves `layer` through the target's final RMSNorm, as HF's last
+    `hidden_states` entry holds it, and every other layer as served."""
+
+    def __init__(self, source: FeatureSource, layer: int, heads: TargetHeads) -> None:
+        if heads.final_norm is None or heads.final_norm_eps is None:
+            raise ValueError("the server's target has no plain RMSNorm as its final norm")
+        self.source, self.layer, self.eps = source, layer, heads.final_norm_eps
+        self.weight = torch.from_numpy(heads.final_norm.copy())
+
+    def model(self) -> ModelInfo:
+        """The source's target."""
+        return self.source.model()
+
+    def heads(self) -> TargetHeads:
+        """The source's heads."""
+        return self.source.heads()
+
+    def hidden(self, prompt_id: str, layers: Sequence[int]) -> HiddenResult:
+        """The source's features, `layer`'s columns normed as the target's final norm does (fp32, then the
+        served dtype, then the weight)."""
+        result = self.source.hidden(prompt_id, layers)
+        if self.layer not in layers:
+            return result
+        hidden, _ = result.to_torch()
+        width = hidden.shape[1] // len(layers)
+        cols = slice(list(layers).index(self.layer) * width, (list(layers).index(self.layer) + 1) * width)
+        x = hidden[:, cols].float()
+        normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(hidden.dtype)
+        out = hidden.clone()
+        out[:, cols] = self.weight.to(hidden.dtype) * normed
+        return dataclasses.replace(result, hidden=as_numpy(out))
 
 
 def doctor(
-    client: CacheClient,
-    checkpoint: Path,
-    settings: EvaluateSettings,
-    *,
-    limit: int,
-    config_path: Path | None = None,
+    client: CacheClient, checkpoint: Path, settings: EvaluateSettings, *, limit: int, config_path: Path | None = None,
     mask_token_id: int | None = None,
-) -> list[Reading]:
-    """The declared reading first, then each shifted one the target's layers allow."""
+) -> list[Reading]:  # fmt: skip
+    """The declared reading first, then each shifted one the target's layers allow, then the normed last
+    layer when the checkpoint reads the last layer and the target's final norm is known."""
     info = client.model()
     loaded = load_checkpoint(checkpoint, info, config_path=config_path, mask_token_id=mask_token_id)
     declared = loaded.target_layer_ids
-    shifts = [s for s in (0, -1, +1) if all(0 <= k + s < info.num_layers for k in declared)]
-    variants = [_shifted(loaded, s) for s in shifts]
+    shifts = [s for s in (-1, +1) if all(0 <= k + s < info.num_layers for k in declared)]
+    variants = [loaded, *(_shifted(loaded, s) for s in shifts)]
     ids = select_prompts(client, None, settings.timeout_s)[:limit]
     reports = evaluate_checkpoints(client, variants, settings, prompt_ids=[ids] * len(variants), progress=False)
-    names = {0: "declared", -1: "one layer earlier", +1: "one layer later"}
-    return [
-        Reading(names[s], s, v.target_layer_ids, r.summary.chain.mean_tau)
-        for s, v, r in zip(shifts, variants, reports, strict=True)
-    ]
+    readings = [Reading("declared", declared, reports[0].summary.chain.mean_tau)]
+    readings += [Reading(_SHIFTS[s][0], v.target_layer_ids, r.summary.chain.mean_tau, _SHIFTS[s][1])
+                 for s, v, r in zip(shifts, variants[1:], reports[1:], strict=True)]  # fmt: skip
+    heads = client.heads()
+    if info.num_layers - 1 in declared and heads.final_norm is not None:
+        normed = NormedLayer(client, info.num_layers - 1, heads)
+        (report,) = evaluate_checkpoints(client, [loaded], settings, prompt_ids=[ids], progress=False, source=normed)
+        readings.append(Reading(_NORMED[0], declared, report.summary.chain.mean_tau, _NORMED[1]))
+    return readings
 
 
 def _shifted(loaded: LoadedCheckpoint, shift: int) -> LoadedCheckpoint:
-    if shift == 0:
-        return loaded
     ids = tuple(k + shift for k in loaded.target_layer_ids)
     return dataclasses.replace(loaded, layer_ids=dataclasses.replace(loaded.layer_ids, ids=ids, source="override"))
 
@@ -72,9 +119,8 @@ def verdict(readings: list[Reading]) -> str | None:
     if best is None or best.chain_tau is None:
         return None
     if best.chain_tau > declared * _RATIO and best.chain_tau - declared > _ABSOLUTE:
-        return (
-            f"reading {list(best.layer_ids)} ({best.name}) scores {best.chain_tau:.3f} against {declared:.3f}: "
-            + (_ADVICE[best.shift])
+        return f"reading {list(best.layer_ids)} ({best.name}) scores {best.chain_tau:.3f} against {declared:.3f}: " + (
+            best.advice
         )
     return None
 

@@ -19,6 +19,7 @@ from eval_worker.errors import CheckpointRefused
 from eval_worker.evaluation.evaluate import EvalOptions, evaluate_many
 from eval_worker.evaluation.feature_cache import FeatureCache
 from eval_worker.evaluation.heads_cache import HeadsCache
+from eval_worker.evaluation.source import FeatureSource
 from eval_worker.settings import EvaluateSettings
 from schemas.model import ModelInfo
 from schemas.prompts import PromptStatus
@@ -90,6 +91,7 @@ def evaluate_checkpoints(
     mask_token_id: int | None = None,
     progress: bool = True,
     features: FeatureCache | None = None,
+    source: FeatureSource | None = None,
 ) -> list[EvalReport]:
     """Load each checkpoint strictly for the server's target and evaluate them together; checkpoint i
     on `prompt_ids[i]` (None: every registered prompt the target has not failed on, or of `sets`), each
@@ -97,7 +99,8 @@ def evaluate_checkpoints(
     claim carries them, or `sets` looked up on the server).
 
     DDTree budgets apply to the DFlash checkpoints, `eagle_trees` and `steps` to the EAGLE-3 ones; an
-    option that applies to none of them is refused rather than ignored."""
+    option that applies to none of them is refused rather than ignored. Features and heads come from
+    `source` when given (a view of the client's, as the doctor's readings are), else from the client."""
     info = client.model()
     loaded = []
     for c in checkpoints:
@@ -107,8 +110,7 @@ def evaluate_checkpoints(
         try:
             loaded.append(load_checkpoint(
                 c, info, config_path=config_path, layer_ids_override=layer_ids, block_size_override=block_size,
-                mask_token_id=mask_token_id,
-                layer_convention=layer_convention,
+                mask_token_id=mask_token_id, layer_convention=layer_convention,
             ))  # fmt: skip
         except CheckpointRefused as e:  # in a sweep, say which checkpoint
             raise CheckpointRefused(str(e) if str(c) in str(e) else f"{c}: {e}") from None
@@ -133,5 +135,5 @@ def evaluate_checkpoints(
         progress=progress,
     )
     heads = HeadsCache(settings.heads_cache)
-    return evaluate_many(client, loaded, ids, heads_cache=heads, options=options, features=features,
+    return evaluate_many(source or client, loaded, ids, heads_cache=heads, options=options, features=features,
                          set_members=set_members_of)  # fmt: skip

@@ -1,0 +1,34 @@
+"""The doctor's normed reading: the served last layer through the target's final norm equals HF's last
+`hidden_states` entry, the ground truth a trainer reading HF's hidden states trained on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from cache_server.client import TargetHeads
+from cache_server.torch_utils import as_numpy
+from eval_worker.evaluation.doctor import NormedLayer
+from schemas.model import ModelInfo
+from tests.eval_worker.evaluation.test_evaluate import TinySource
+from tests.support.tiny_trainer import Sequences
+
+
+def test_the_normed_reading_is_hfs_last_hidden_states_entry(
+    target: Any, target_info: ModelInfo, sequences: Sequences
+) -> None:
+    source = TinySource(target, target_info, sequences)
+    norm = target.model.norm
+    heads = TargetHeads(np.zeros((1, 1)), np.zeros((1, 1)), "fp", as_numpy(norm.weight.detach()), norm.variance_epsilon)
+    last = target_info.num_layers - 1
+    normed = NormedLayer(source, last, heads).hidden("p0", [1, last])
+    raw = source.hidden("p0", [1, last])
+    ids = torch.from_numpy(sequences.token_ids[0].numpy())[None]
+    with torch.no_grad():
+        hf_last = target(ids, output_hidden_states=True).hidden_states[-1][0]
+    h = target_info.hidden_size
+    assert np.array_equal(normed.hidden[:, :h], raw.hidden[:, :h])  # other layers as served
+    assert torch.equal(torch.from_numpy(normed.hidden[:, h:]), hf_last)
+    assert not torch.equal(torch.from_numpy(raw.hidden[:, h:]), hf_last)
