@@ -2,7 +2,9 @@
 
 The data path, one subpackage per step: `capture/` (the target's forward) and `generation/`
 (responses from a serving engine) -> `compute/` (what to compute, once) -> `store/` (Zarr) ->
-`api/` (HTTP) ; `jobs/` queues checkpoint evaluations.
-Other packages import only `cache_server.client` (light: no torch) and, for torch device and dtype
-choice, `cache_server.torch_utils`. The server starts with `cache-server serve`.
+`api/` (HTTP); `coordination/` is the database the servers of one store share, `jobs/` queues
+checkpoint evaluations and `client/` is the light client (no torch) the other packages import.
+`cli.py` starts the server (`cache-server serve`) from `settings.py`; `errors.py` holds the errors
+each mapped to one `ErrorCode`; `torch_utils.py` is torch's side of dtype and device names, shared
+with the workers.
 """

@@ -1,6 +1,10 @@
-"""Evaluate drafter checkpoints (chain and DDTree tau) against cached target hidden states.
+"""Evaluate drafter checkpoints (chain and tree tau) against cached target hidden states.
 
 The data path, one subpackage per step: `checkpoints/` (strict loading, layer ids) -> `drafters/`
-(the model) -> `evaluation/` (features from the cache client, drafts) -> `scoring/` (tau) ->
-`reports/`; `worker/` runs jobs. Nothing here imports the server side of `cache_server`.
+(the models) -> `evaluation/` (features from the cache client, drafts) -> `scoring/` (tau) ->
+`reports/`; `worker/` runs jobs, `parity/` holds a serving engine's live rounds against the offline
+ones, `prompt_files/` registers benchmark sets. `cli.py` parses `eval-worker` commands from
+`settings.py` and runs them (`commands.py`, and `checkpoint_commands.py` for one checkpoint against a
+server); `errors.py` and `exit_codes.py` are how a run stops. Nothing here imports the server side of
+`cache_server`.
 """

@@ -6,21 +6,22 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Exit status of every `eval-worker` command."""
+    """Exit status of every `eval-worker` command; 2 is a usage error, as argparse (and `cache-server`) exit."""
 
     ok = 0
-    usage = 1  # bad options, no CUDA for --device cuda, nothing to do
-    refused = 2  # the checkpoint is unusable or does not fit the target
-    unreachable = 3  # the cache server cannot be reached
-    server = 4  # the server refused the request or served data that does not fit
-    job_failed = 5  # `submit --wait`: the job failed
-    engine = 6  # `parity`: the engine is unreachable, serves another model or no speculative config
-    disagrees = 1  # `parity`: a prompt's live rounds are not its offline rounds (the status usage errors have)
+    disagrees = 1  # `parity`: a prompt's live rounds are not its offline rounds
+    usage = 2  # bad options, no CUDA for --device cuda, nothing to do
+    refused = 3  # the checkpoint is unusable or does not fit the target
+    unreachable = 4  # the cache server cannot be reached
+    server = 5  # the server refused the request or served data that does not fit
+    job_failed = 6  # `submit --wait`: the job failed
+    engine = 7  # `parity`: the engine is unreachable, serves another model or no speculative config
 
 
 MEANINGS = {
     ExitCode.ok: "ok",
-    ExitCode.usage: "bad usage (parity: a prompt disagrees)",
+    ExitCode.disagrees: "parity: a prompt disagrees",
+    ExitCode.usage: "bad usage",
     ExitCode.refused: "checkpoint refused",
     ExitCode.unreachable: "server unreachable",
     ExitCode.server: "server error or mismatched data",

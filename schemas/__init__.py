@@ -1,8 +1,12 @@
-"""The wire contract shared by the cache server, its clients and the eval workers.
+"""The wire contract shared by the cache server, its clients and the eval workers, on pydantic + numpy
++ ml_dtypes only: importing anything here never loads torch.
 
-Pydantic models (prompts, jobs, what an evaluation measures, reports), the completions request sent
-to a serving engine, the error codes, the layer convention, dtype names and the safetensors framing,
-on pydantic + numpy + ml_dtypes only: importing anything here never loads torch.
+Bodies: prompts (`prompts.py`), the target (`model.py`), the tensor endpoints (`hidden.py`,
+`pieces.py`, framed by `safetensors_frame.py`), jobs (`jobs.py`), what an evaluation measures
+(`eval_spec.py`, EAGLE trees in `trees.py`), its report (`report.py`) and the parity report
+(`parity.py`); the completions request sent to a serving engine (`completions.py`); the error codes
+(`errors.py`); what a layer id means (`layers.py`); dtype and device names (`dtypes.py`); and what a
+checkpoint looks like on disk (`checkpoint_layout.py`).
 """
 
 from schemas.errors import ErrorBody, ErrorCode, ErrorDetail

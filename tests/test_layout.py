@@ -104,3 +104,15 @@ def test_public_classes_and_functions_say_what_they_are(path: Path) -> None:
                 if public and ast.get_docstring(item) is None:  # type: ignore[arg-type]
                     missing.append(f"{node.name}.{item.name}")  # type: ignore[union-attr]
     assert not missing, f"no docstring: {missing}"
+
+
+@pytest.mark.parametrize(
+    "package", sorted(str(p.parent.relative_to(ROOT)) for name in PACKAGES for p in (ROOT / name).rglob("__init__.py"))
+)
+def test_each_package_docstring_names_every_module_in_it(package: str) -> None:
+    """A reader starts at the package docstring: it names each of its modules and subpackages."""
+    base = ROOT / package
+    doc = ast.get_docstring(ast.parse((base / "__init__.py").read_text())) or ""
+    names = [p.name for p in base.glob("*.py") if p.name != "__init__.py"]
+    names += [f"{p.name}/" for p in base.iterdir() if (p / "__init__.py").is_file()]
+    assert not [n for n in sorted(names) if f"`{n}`" not in doc], f"{package}/__init__.py does not name them"

@@ -2,7 +2,10 @@
 
     from cache_server.client import CacheClient, JobsClient, LeaseLostError
 
-Tensor results are numpy arrays with `.to_torch()`; errors are the tree in `errors.py`.
+`CacheClient` (`cache.py`) for prompts, the target and tensors, `JobsClient` (`jobs.py`) for jobs and
+the worker protocol; large bodies read into one buffer (`bodies.py`), pieces decoded on the client's
+cores (`pieces.py`); results are numpy arrays with `.to_torch()` (`results.py`); errors are the tree
+in `errors.py`.
 """
 
 from cache_server.client.cache import CacheClient

@@ -1,2 +1,4 @@
-"""5. Coordination between cache servers: the database (`database.py`) that holds registrations,
-prompt sets and capture leases (`captures.py`), shared by every server on one store, and the jobs."""
+"""Coordination between cache servers: the database (`database.py`) and the prompt side's tables
+(`tables.py`) that hold registrations, prompt sets and capture leases (`captures.py`), shared by every
+server on one store, and the jobs.
+"""

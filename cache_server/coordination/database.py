@@ -48,6 +48,12 @@ class Database:
             event.listen(self.engine, "connect", _sqlite_connect)
             event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
         elif self.dialect == "postgresql":
+            try:
+                import psycopg  # noqa: F401  (the driver the URL names)
+            except ImportError:
+                raise ValueError(
+                    f"database {location!r} needs psycopg: pip install 'hidden-state-cache[postgres]'"
+                ) from None
             self.engine = create_engine(url, pool_pre_ping=True)
         else:
             raise ValueError(f"database {location!r}: only SQLite and Postgres are supported")

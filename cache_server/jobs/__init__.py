@@ -1,2 +1,3 @@
-"""Checkpoint-evaluation jobs, server side: the SQLite queue with leases (`queue.py`), submission
-checks (`intake.py`) and where a checkpoint may live (`checkpoint_paths.py`)."""
+"""Checkpoint-evaluation jobs, server side: the queue with leases (`queue.py`) over the job table
+(`rows.py`), submission checks (`intake.py`) and where a checkpoint may live (`checkpoint_paths.py`).
+"""

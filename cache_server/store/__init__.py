@@ -1,5 +1,7 @@
-"""3. The Zarr store: per-prompt, per-layer hidden states published under a target's fingerprint
+"""The Zarr store: per-prompt, per-layer hidden states published under a target's fingerprint
 (`hidden_store.py`, `publish.py`) in a local directory or an S3 bucket (`blobs.py`, `s3_blobs.py`),
-their manifest (`manifest.py`) and hierarchy (`hierarchy.py`), the codec and array objects
-(`chunks.py`), reads without zarr (`blosc_reader.py`, `reader.py`), and orphans of interrupted
-writes (`recovery.py`)."""
+with durable local writes (`durable.py`), their manifest (`manifest.py`) and hierarchy
+(`hierarchy.py`), the codec and array objects (`chunks.py`), reads without zarr (`blosc_reader.py`,
+`reader.py`), decoded layers kept in RAM (`ram_cache.py`), and orphans of interrupted writes
+(`recovery.py`).
+"""

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from eval_worker.checkpoints.eagle3_layouts import Eagle3Layout
 from eval_worker.checkpoints.layer_ids import LayerConvention, ResolvedLayerIds, resolve_eagle3_layer_ids
-from eval_worker.checkpoints.state_checks import check_key_set, check_shapes
+from eval_worker.checkpoints.state_checks import check_key_set, check_shapes, module_shapes
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.drafters.eagle3_config import Eagle3Config
 from eval_worker.errors import CheckpointRefused
@@ -33,31 +33,9 @@ class Eagle3Load:
 
 
 def expected_shapes(cfg: Eagle3Config, num_taps: int) -> dict[str, tuple[int, ...]]:
-    """The tensors every EAGLE-3 drafter of `cfg` has (EAGLE key names), before optional ones."""
-    h, d, inter, ht = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.target_hidden_size
-    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    shapes: dict[str, tuple[int, ...]] = {
-        "fc.weight": (h, num_taps * ht),
-        _LAYER + "self_attn.q_proj.weight": (nh * d, 2 * h),
-        _LAYER + "self_attn.k_proj.weight": (nkv * d, 2 * h),
-        _LAYER + "self_attn.v_proj.weight": (nkv * d, 2 * h),
-        _LAYER + "self_attn.o_proj.weight": (h, nh * d),
-        _LAYER + "mlp.gate_proj.weight": (inter, h),
-        _LAYER + "mlp.up_proj.weight": (inter, h),
-        _LAYER + "mlp.down_proj.weight": (h, inter),
-        _LAYER + "hidden_norm.weight": (h,),
-        _LAYER + "input_layernorm.weight": (h,),
-        _LAYER + "post_attention_layernorm.weight": (h,),
-        "norm.weight": (h,),
-        "lm_head.weight": (cfg.draft_vocab_size, h),
-    }
-    if cfg.qk_norm:
-        shapes |= {_LAYER + "self_attn.q_norm.weight": (d,), _LAYER + "self_attn.k_norm.weight": (d,)}
-    if cfg.feature_norm == "concat":
-        shapes["input_norm.weight"] = (num_taps * ht,)
-    elif cfg.feature_norm == "per_tap":
-        shapes |= {f"fc_norm.{i}.weight": (ht,) for i in range(num_taps)}
-    return shapes
+    """The tensors every EAGLE-3 drafter of `cfg` has (EAGLE key names), before the optional ones (`d2t`,
+    `t2d`, `embed_tokens`)."""
+    return module_shapes(lambda: Eagle3Drafter(cfg, num_taps, has_embed=False), skip={"d2t"})
 
 
 def load_eagle3(

@@ -26,7 +26,7 @@ from eval_worker.checkpoints.dflash_layout import read_dflash_config
 from eval_worker.checkpoints.eagle3_layouts import is_eagle3, read_layout
 from eval_worker.checkpoints.eagle3_loading import load_eagle3
 from eval_worker.checkpoints.layer_ids import LayerConvention, LayerIdsSource, ResolvedLayerIds, resolve_layer_ids
-from eval_worker.checkpoints.state_checks import check_key_set, check_shapes
+from eval_worker.checkpoints.state_checks import check_key_set, check_shapes, module_shapes
 from eval_worker.drafters.config import DrafterConfig
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.drafters.eagle3_config import Eagle3Config
@@ -85,26 +85,8 @@ class RawCheckpoint:
 
 
 def expected_shapes(cfg: DrafterConfig, num_taps: int) -> dict[str, tuple[int, ...]]:
-    """Every tensor of a drafter with `num_taps` taps, in state-dict order (11 * layers + 3)."""
-    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, num_taps * h), "hidden_norm.weight": (h,)}
-    for i in range(cfg.num_layers):
-        p = f"layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (nh * d, h),
-            p + "self_attn.k_proj.weight": (nkv * d, h),
-            p + "self_attn.v_proj.weight": (nkv * d, h),
-            p + "self_attn.o_proj.weight": (h, nh * d),
-            p + "self_attn.q_norm.weight": (d,),
-            p + "self_attn.k_norm.weight": (d,),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-        }
-    return shapes | {"norm.weight": (h,)}
+    """Every tensor of a DFlash drafter with `num_taps` taps, in state-dict order (11 * layers + 3)."""
+    return module_shapes(lambda: DFlashDrafter(cfg, num_taps))
 
 
 def load_checkpoint(

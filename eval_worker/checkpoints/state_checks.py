@@ -3,13 +3,22 @@ config implies, and each tensor's shape and float dtype (messages name the tenso
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 from eval_worker.errors import CheckpointRefused
 
 Shapes = Mapping[str, tuple[int, ...]]
+
+
+def module_shapes(build: Callable[[], nn.Module], *, skip: Collection[str] = ()) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the module `build` makes, in state-dict order, read off a copy built on the meta
+    device (no memory, no init): the model code is the one list of what a checkpoint must hold."""
+    with torch.device("meta"):
+        module = build()
+    return {k: tuple(v.shape) for k, v in module.state_dict().items() if k not in skip}
 
 
 def check_key_set(state: Mapping[str, Tensor], expected: Shapes, *, optional: Collection[str] = ()) -> None:

@@ -1,1 +1,3 @@
-"""Benchmark prompt files (gsm8k, humaneval, mt-bench, ...) read into prompt sets on the cache server."""
+"""Benchmark prompt files (gsm8k, humaneval, mt-bench, ...): their rows read by `datasets`
+(`records.py`) and registered as one prompt set on the cache server (`register.py`).
+"""

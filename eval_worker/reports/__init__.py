@@ -1,2 +1,3 @@
-"""8. Reports for people: one report as a table (`table.py`), many compared by step (`compare.py`)
-and plotted (`plot.py`, matplotlib)."""
+"""Reports for people: one report as a table (`table.py`), many compared by step (`compare.py`)
+and plotted (`plot.py`, matplotlib).
+"""

@@ -1,2 +1,4 @@
-"""6. Acceptance length (tau): the chain and DDTree walks over cached sequences (`acceptance.py`,
-`ddtree.py`) and their summary over prompts (`summary.py`). Pure functions, testable on CPU."""
+"""Acceptance length (tau): the chain and DDTree walks over cached sequences (`acceptance.py`,
+`ddtree.py`), EAGLE's dynamic tree (`eagle_tree.py`) and their summary over prompts (`summary.py`).
+Pure functions, testable on CPU.
+"""

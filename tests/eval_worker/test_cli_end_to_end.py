@@ -18,6 +18,7 @@ from eval_worker.cli import main
 from eval_worker.drafters.model import DFlashDrafter
 from eval_worker.evaluation.evaluate import EvalOptions, evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache
+from eval_worker.exit_codes import ExitCode
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
 from tests.eval_worker.evaluation.test_evaluate import TinySource
@@ -125,7 +126,7 @@ def test_inferred_layers_are_reported(
     assert "[1, 2, 3]" in caplog.text
 
 
-def test_refused_checkpoint_exits_2_naming_shapes_and_layers(
+def test_refused_checkpoint_exits_refused_naming_shapes_and_layers(
     server: tuple[str, list[str]], trained_drafter: DFlashDrafter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url, _ = server
@@ -133,14 +134,15 @@ def test_refused_checkpoint_exits_2_naming_shapes_and_layers(
     config = json.loads((ckpt / "config.json").read_text())
     config["dflash_config"]["target_layer_ids"] = [1, 2, 3, 4]  # a 4-layer config for a 3-tap fc
     (ckpt / "config.json").write_text(json.dumps(config))
-    assert main(["evaluate", str(ckpt), "--server", url, "--all-prompts"]) == 2
+    assert main(["evaluate", str(ckpt), "--server", url, "--all-prompts"]) == ExitCode.refused
     err = capsys.readouterr().err
     assert "fc.weight" in err and "[1, 2, 3, 4]" in err and "192" in err
 
 
-def test_unreachable_server_exits_3(trained_drafter: DFlashDrafter, tmp_path: Path) -> None:
+def test_unreachable_server_exits_unreachable(trained_drafter: DFlashDrafter, tmp_path: Path) -> None:
     ckpt = save_hf_checkpoint(tmp_path / "hf", trained_drafter)
-    assert main(["evaluate", str(ckpt), "--server", f"http://127.0.0.1:{free_port()}", "--all-prompts"]) == 3
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    assert main(["evaluate", str(ckpt), "--server", nowhere, "--all-prompts"]) == ExitCode.unreachable
 
 
 def test_inspect(
@@ -169,7 +171,7 @@ def test_inspect_and_compare_take_the_server_from_the_environment(
     assert main(["inspect", str(ckpt)]) == 0
     assert "loads strictly" in capsys.readouterr().out
     monkeypatch.setenv("EVAL_WORKER_SERVER", f"http://127.0.0.1:{free_port()}")  # nobody there
-    assert main(["compare"]) == 3  # it was asked, so it is reached for: unreachable, not ignored
+    assert main(["compare"]) == ExitCode.unreachable  # it was asked, so it is reached for: unreachable, not ignored
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
@@ -178,8 +180,8 @@ def test_device_cuda_without_a_gpu_is_a_clear_usage_error(
 ) -> None:
     url, ids = server
     ckpt = save_hf_checkpoint(tmp_path / "hf", trained_drafter)
-    assert main(["evaluate", str(ckpt), "--server", url, "--prompts", ids[0], "--device", "cuda"]) == 1
-    assert main(["serve", "--server", url, "--device", "cuda"]) == 1
+    assert main(["evaluate", str(ckpt), "--server", url, "--prompts", ids[0], "--device", "cuda"]) == ExitCode.usage
+    assert main(["serve", "--server", url, "--device", "cuda"]) == ExitCode.usage
     assert capsys.readouterr().err.count("no CUDA device") == 2
 
 
@@ -221,7 +223,8 @@ def test_out_takes_one_checkpoint(
 ) -> None:
     url, _ = server
     paths = [str(save_torch_checkpoint(tmp_path / f"{s}.pt", trained_drafter, global_step=s, epoch=0)) for s in (1, 2)]
-    assert main(["evaluate", *paths, "--server", url, "--all-prompts", "--out", str(tmp_path / "r.json")]) == 1
+    argv = ["evaluate", *paths, "--server", url, "--all-prompts", "--out", str(tmp_path / "r.json")]
+    assert main(argv) == ExitCode.usage
 
 
 def test_inspect_shows_the_inferred_ids_when_the_config_says_the_target_depth(

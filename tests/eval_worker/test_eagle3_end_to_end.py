@@ -17,6 +17,7 @@ from eval_worker.cli import main
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.evaluation.eagle_walks import CHAIN, walk_eagle_prompts
 from eval_worker.evaluation.walks import DraftCost, PromptFeatures
+from eval_worker.exit_codes import ExitCode
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobStatus
@@ -87,12 +88,12 @@ def test_every_layout_evaluates_to_the_in_process_walk(
     assert main(["inspect", str(paths[2]), "--server", url]) == 0
     assert "[2, 6, 9] as layer_input (layer inputs" in capsys.readouterr().out
     # A DDTree budget on an EAGLE-3 checkpoint is refused, not ignored.
-    assert main(["evaluate", str(paths[0]), "--server", url, "--all-prompts", "--tree-budget", "4"]) == 1
-    # A flag the loader does not know stops the run with exit 2, naming it.
+    assert main(["evaluate", str(paths[0]), "--server", url, "--all-prompts", "--tree-budget", "4"]) == ExitCode.usage
+    # A flag the loader does not know stops the run, refused, naming it.
     config = json.loads((paths[2] / "config.json").read_text()) | {"norm_before_attention": True}
     (paths[2] / "config.json").write_text(json.dumps(config))
     capsys.readouterr()
-    assert main(["evaluate", str(paths[2]), "--server", url, "--all-prompts"]) == 2
+    assert main(["evaluate", str(paths[2]), "--server", url, "--all-prompts"]) == ExitCode.refused
     assert "['norm_before_attention'] are not known" in capsys.readouterr().err
 
 

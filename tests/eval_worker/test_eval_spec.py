@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from eval_worker.cli import main
 from eval_worker.evaluation.evaluate import EvalOptions
+from eval_worker.exit_codes import ExitCode
 from tests.cache_server.helpers import app_client
 
 BAD = [
@@ -30,7 +31,7 @@ def test_the_command_line_refuses_with_one_message(
     target = str(tmp_path / ("runs" if command == "watch" else "ckpt.pt"))
     server = "http://127.0.0.1:9"  # never reached: the options are refused first
     prompts = ["--all-prompts"] if command == "evaluate" else []
-    assert main([command, target, "--server", server, *prompts, *flags]) == 1
+    assert main([command, target, "--server", server, *prompts, *flags]) == ExitCode.usage
     assert message in capsys.readouterr().err
 
 

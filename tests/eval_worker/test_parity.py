@@ -20,6 +20,7 @@ from cache_server.client import CacheClient
 from eval_worker.cli import main
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.exit_codes import ExitCode
 from schemas.parity import ParityReport
 from schemas.prompts import PromptSpec
 from tests.support.checkpoints import engine_keys, save_hf_checkpoint
@@ -76,14 +77,15 @@ def _dflash(model_dir: Path, model: Any, prompts: list[list[int]]) -> tuple[Path
 
 
 def _eagle3(model_dir: Path, model: Any, prompts: list[list[int]]) -> tuple[Path, str, Eagle3Drafter]:
-    """EAGLE's layout (default taps: layer inputs 2, L//2, L-3), a draft vocab of 256 of the 512 ids."""
+    """EAGLE's layout (default taps: layer inputs 2, L//2, L-3), a draft vocab of 256 of the 512 ids, trained on
+    all 4 steps so that the engine's later draft positions accept too."""
     config = AutoConfig.from_pretrained(model_dir)
     n = config.num_hidden_layers
     data = make_sequences(model, prompts, [1, n // 2 - 1, n - 4], NEW_TOKENS)
     torch.manual_seed(0)
     drafter = Eagle3Drafter(eagle3_config(config, draft_vocab_size=256), 3, has_embed=False)
     drafter.d2t.copy_(frequent_d2t(data.token_ids, 256, config.vocab_size))
-    train_eagle3(drafter, data.token_ids, data.taps, model.get_input_embeddings().weight, 60)
+    train_eagle3(drafter, data.token_ids, data.taps, model.get_input_embeddings().weight, 30, depth=4)
     return save_eagle3(model_dir.parent / "drafter", drafter, "eagle"), "eagle3", drafter
 
 
@@ -118,7 +120,7 @@ def test_live_rounds_equal_the_offline_rounds_on_every_prompt(
         assert p.live_drafts == p.offline_rounds
         assert p.live_accepted == p.offline_accepted or p.why.startswith("identical but the last round")
     accepted = [p.live_accepted for p in report.prompts]
-    assert report.live_tau is not None and report.live_tau > 1.5  # accepting in most rounds: not trivial
+    assert report.live_tau is not None and report.live_tau > 2.0  # past the first draft position: not trivial
     k = report.speculative_tokens
     assert any(0 < p.live_accepted < k * p.live_drafts for p in report.prompts)  # partial rounds too
     assert sum(accepted) > 0 and all(p.first_token_difference is None for p in report.prompts)
@@ -135,6 +137,6 @@ def test_a_checkpoint_reading_other_layers_than_the_served_one_is_caught(
         tmp_path / "shifted", shifted, extra=engine_keys(AutoConfig.from_pretrained(served.parent / "target"))
     )
     code, report = _parity(engine, server, checkpoint, tmp_path / "parity.json")
-    assert code == 1 and report.agreeing < len(report.prompts)
+    assert code == ExitCode.disagrees and report.agreeing < len(report.prompts)
     assert report.offline_tau is not None and report.live_tau is not None and report.offline_tau < report.live_tau
     assert any("offline" in p.why and not p.agrees for p in report.prompts)

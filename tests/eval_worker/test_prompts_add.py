@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 
 from cache_server.client import CacheClient
 from eval_worker.cli import main
+from eval_worker.exit_codes import ExitCode
 from tests.support.servers import running_server
 
 pytestmark = pytest.mark.slow
@@ -92,7 +93,7 @@ def test_a_malformed_row_registers_nothing_unless_skipped(tiny_target: Path, tmp
                    + json.dumps({"turns": ["one", 2]}) + "\n")  # fmt: skip
     with running_server(tiny_target, tmp_path / "store") as url:
         base = ["prompts", "add", str(bad), "--server", url, "--set", "mixed", "--max-new-tokens", "2"]
-        assert main(base) == 1
+        assert main(base) == ExitCode.usage
         assert f"{bad} row 1: field 'question' must be non-empty text" in capsys.readouterr().err
         with CacheClient(url) as client:
             assert client.prompts() == [] and client.sets().sets == []

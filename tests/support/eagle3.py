@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor
 
-from eval_worker.drafters.eagle3 import Eagle3Drafter
+from eval_worker.drafters.eagle3 import Eagle3Context, Eagle3Drafter, NodeBatch
 from eval_worker.drafters.eagle3_config import Eagle3Config
 from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS, TRAINER_STATE
 from tests.support.tiny_trainer import attention_shape
@@ -59,9 +59,11 @@ def random_eagle3(cfg: Eagle3Config, num_taps: int, *, seed: int = 0, d2t: Tenso
 
 
 def train_eagle3(drafter: Eagle3Drafter, token_ids: Sequence[Tensor], taps: Sequence[Tensor], embed: Tensor,
-                 steps: int, *, lr: float = 3e-3) -> float:  # fmt: skip
-    """Teacher-forced first-step training: the output at position i (taps i, token i+1) predicts token i+2
-    (target ids outside the draft vocab are not scored). Returns the last loss."""
+                 steps: int, *, lr: float = 3e-3, depth: int = 1) -> float:  # fmt: skip
+    """Teacher-forced training of the first `depth` drafting steps: the output at position i (taps i,
+    token i+1) predicts token i+2, and the step-j node of a round anchored at s (fed the step before's
+    output and token s+j-1) predicts token s+j (target ids outside the draft vocab are not scored).
+    Returns the last loss."""
     vocab_of = torch.full((drafter.cfg.vocab_size,), -100)
     vocab_of[drafter.to_target(torch.arange(drafter.cfg.draft_vocab_size))] = torch.arange(drafter.cfg.draft_vocab_size)
     optimizer = torch.optim.Adam([p for n, p in drafter.named_parameters() if n != "embed_tokens.weight"], lr=lr)
@@ -71,13 +73,34 @@ def train_eagle3(drafter: Eagle3Drafter, token_ids: Sequence[Tensor], taps: Sequ
         optimizer.zero_grad()
         losses = []
         for ids, t in zip(token_ids, taps, strict=True):
-            roots = drafter.prefill(t, ids, embed).roots[:-1]  # positions 0..T-3 predict tokens 2..T-1
-            losses.append(F.cross_entropy(drafter.logits(roots), vocab_of[ids[2:]], ignore_index=-100))
+            ctx = drafter.prefill(t, ids, embed)
+            pairs = [(drafter.logits(ctx.roots[:-1]), ids[2:]), *_later_steps(drafter, ctx, ids, embed, depth)]
+            losses += [F.cross_entropy(logits, vocab_of[want], ignore_index=-100) for logits, want in pairs]
         loss = torch.stack(losses).mean()
         loss.backward()
         optimizer.step()
     drafter.eval()
     return float(loss.detach())
+
+
+def _later_steps(drafter: Eagle3Drafter, ctx: Eagle3Context, ids: Tensor, embed: Tensor, depth: int
+                 ) -> list[tuple[Tensor, Tensor]]:  # fmt: skip
+    """(logits, wanted target ids) of steps 2..depth of every round whose tokens exist, as the live loop
+    runs them: the node of step j sits at position s+j-2, sees the context before s, its ancestors and itself."""
+    s = torch.arange(1, ctx.roots.shape[0] - depth + 1)  # anchors whose step-`depth` token exists
+    m, (nkv, _, d) = len(s), ctx.keys.shape
+    hidden = drafter.feedback(ctx.roots[s - 1])[:, None]
+    tree_k = tree_v = ctx.keys.new_zeros(m, nkv, 0, d)
+    out = []
+    for j in range(1, depth):
+        visible = torch.ones(m, 1, tree_k.shape[2], dtype=torch.bool)
+        batch = NodeBatch(ctx.keys[None], ctx.values[None], torch.zeros(m, dtype=torch.long), s, tree_k, tree_v,
+                          visible)  # fmt: skip
+        x, k, v = drafter.step(hidden, ids[s + j][:, None], s + j - 1, batch, embed)
+        out.append((drafter.logits(x[:, 0]), ids[s + j + 1]))
+        tree_k, tree_v = torch.cat([tree_k, k], dim=2), torch.cat([tree_v, v], dim=2)
+        hidden = drafter.feedback(x)
+    return out
 
 
 def _llama_fields(cfg: Eagle3Config) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """EAGLE-3 checkpoints: every layout loads strictly into the same drafter and asks for the same served
-layers, layer-input ids are translated, and what would compute wrong is refused with exit 2."""
+layers, layer-input ids are translated, and what would compute wrong is refused (exit 3, checkpoint refused)."""
 
 from __future__ import annotations
 

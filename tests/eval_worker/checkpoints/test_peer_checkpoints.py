@@ -18,6 +18,7 @@ from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.errors import CheckpointRefused
+from eval_worker.exit_codes import ExitCode
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
 from tests.support.peers import peers_python, speculators_drafts, write_peer_checkpoints
@@ -85,7 +86,7 @@ def test_a_dflash_config_without_a_mask_token_names_the_flag(
     assert load_checkpoint(path, TARGET, mask_token_id=3).config.mask_token_id == 3  # type: ignore[union-attr]
     with pytest.raises(CheckpointRefused, match="--mask-token-id 4 contradicts the config's mask_token_id 3"):
         load_checkpoint(written["specforge_dflash"], TARGET, mask_token_id=4)
-    assert main(["inspect", str(path)]) == 2
+    assert main(["inspect", str(path)]) == ExitCode.refused
     assert "--mask-token-id" in capsys.readouterr().err
     assert main(["inspect", str(path), "--mask-token-id", "3"]) == 0
     assert "mask token         3" in capsys.readouterr().out

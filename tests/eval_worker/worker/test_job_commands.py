@@ -13,6 +13,7 @@ from transformers import AutoConfig
 from cache_server.client import CacheClient, JobsClient
 from eval_worker.cli import main
 from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.exit_codes import ExitCode
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobStatus
@@ -80,7 +81,7 @@ def test_submit_outside_the_root_is_refused_with_a_message(
 ) -> None:
     url, root, drafter = served
     outside = save_torch_checkpoint(tmp_path / "elsewhere" / "step_1.pt", drafter, global_step=1, epoch=0)
-    assert main(["submit", str(outside), "--server", url]) == 4
+    assert main(["submit", str(outside), "--server", url]) == ExitCode.server
     assert "outside the checkpoint root" in capsys.readouterr().err
-    assert main(["submit", str(outside), "--server", url, "--checkpoint-root", str(root)]) == 1
+    assert main(["submit", str(outside), "--server", url, "--checkpoint-root", str(root)]) == ExitCode.usage
     assert "not under --checkpoint-root" in capsys.readouterr().err
