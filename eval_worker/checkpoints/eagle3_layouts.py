@@ -34,7 +34,7 @@ _FIXED: dict[str, tuple[Any, ...]] = {
     "hidden_act": ("silu",), "attention_bias": (False,), "mlp_bias": (False,), "rope_scaling": (None,),
     "pretraining_tp": (1,),
 }  # fmt: skip
-# HF fields read by `_window` (the attention span) and `_tied` (lm_head = embed_tokens).
+# HF fields read by `_window` (the attention span) and `_layer_config` (tie_word_embeddings: lm_head = embed_tokens).
 _ATTENTION = {"use_sliding_window", "sliding_window", "layer_types", "tie_word_embeddings"}
 MIN_SLIDING_WINDOW = 65  # longer than any chain (64 steps), so a round's own nodes always see each other
 _EAGLE_FIELDS = {"draft_vocab_size", "target_hidden_size"}

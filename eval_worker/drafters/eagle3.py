@@ -166,7 +166,7 @@ class Eagle3Drafter(nn.Module):
 
     def _outside_window(self, cols: Tensor, rows: Tensor) -> Tensor:
         """Which context positions `cols` a query at position `rows` does not see under a sliding window
-        (a tree's nodes always do: windows are longer than any chain, see the layouts)."""
+        (a round's own nodes are always inside it: `step` refuses a round deeper than the window)."""
         w = self.cfg.sliding_window
         return cols <= rows - w if w is not None else torch.zeros_like(cols, dtype=torch.bool)
 
@@ -192,6 +192,9 @@ class Eagle3Drafter(nn.Module):
         """n nodes per round, hidden [m, n, H] (their parents' feedback) and target token ids [m, n], all at
         positions [m] -> outputs x [m, n, H] and the nodes' keys and values [m, nkv, n, D]."""
         m, n, _ = hidden.shape
+        w = self.cfg.sliding_window
+        if w is not None and int((positions - batch.anchors).max()) >= w:  # the window masks context only
+            raise ValueError(f"a round deeper than the drafter's sliding window ({w}): its own nodes would leave it")
         x, residual = self.midlayer.inputs(F.embedding(tokens, embed_tokens), hidden)
         cos, sin = self._rope(positions[:, None].expand(m, n), x.dtype)  # [m, 1, n, D]
         attn = self.midlayer.self_attn

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from eval_worker.drafters.eagle3 import Eagle3Drafter
-from eval_worker.scoring.eagle_tree import EagleTree, EagleTreeShape, select_tree, stable_topk
+from eval_worker.scoring.eagle_tree import EagleTree, select_tree, stable_topk
+from schemas.trees import EagleTreeShape
 from tests.support.live_loop import LiveResult, target_heads
 from tests.support.taps import target_forward
 

@@ -13,7 +13,7 @@ import torch
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.evaluation.eagle_walks import CHAIN, walk_eagle_prompts
 from eval_worker.evaluation.walks import DraftCost, PromptFeatures
-from eval_worker.scoring.eagle_tree import EagleTreeShape
+from schemas.trees import EagleTreeShape
 from tests.eval_worker.helpers import EAGLE_LAYER_IDS, TRAIN_TEXTS
 from tests.support.eagle3 import eagle3_config, frequent_d2t, random_eagle3, train_eagle3
 from tests.support.eagle3_live_loop import live_eagle3_decode
@@ -76,3 +76,15 @@ def test_rounds_stop_at_the_response_end_and_count_drafting(eagle_target: Any, e
         assert response - 1 <= sum(taus) <= response  # the last round scores only the tokens that remain
     assert all(1 <= t <= STEPS + 1 for t in walked[CHAIN])
     assert cost.drafted_blocks == len(walked[CHAIN]) + len(walked[TREES[0].key])
+
+
+def test_a_round_deeper_than_the_sliding_window_is_refused(eagle_target: Any, eagle_sequences: Sequences) -> None:
+    """The window masks the context only: a round whose own nodes would leave it is refused, not drafted."""
+    windowed = random_eagle3(replace(eagle3_config(eagle_target.config), sliding_window=65), len(EAGLE_LAYER_IDS))
+    embed, _ = target_heads(eagle_target)
+    seqs = eagle_sequences
+    prompt = PromptFeatures(seqs.taps[0], seqs.token_ids[0].tolist(), seqs.prompt_lens[0])
+    deep = EagleTreeShape(1, 70, 72)
+    with pytest.raises(ValueError, match=r"deeper than the drafter's sliding window \(65\)"):
+        walk_eagle_prompts(windowed, [prompt], embed, steps=STEPS, trees=[deep], cost=DraftCost())
+    walk_eagle_prompts(windowed, [prompt], embed, steps=STEPS, trees=[EagleTreeShape(1, 60, 62)], cost=DraftCost())
