@@ -192,8 +192,10 @@ def test_parity_refuses_an_engine_without_a_speculative_config(
     engine: VllmServer, engine_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from eval_worker.cli import main
+    from eval_worker.exit_codes import ExitCode
 
     with running_server(engine_target, tmp_path / "store") as url:
-        assert main(["parity", str(tmp_path / "any-checkpoint"), "--engine", engine.url, "--server", url]) == 6
+        argv = ["parity", str(tmp_path / "any-checkpoint"), "--engine", engine.url, "--server", url]
+        assert main(argv) == ExitCode.engine
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "no speculative-decoding counters" in err and "--speculative-config" in err
