@@ -90,8 +90,11 @@ def _settings_from(parser: argparse.ArgumentParser, cls: type[S]) -> Callable[[a
 def _config_args(p: argparse.ArgumentParser) -> None:
     """What a user supplies beside a checkpoint whose own config lacks it."""
     p.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
-    p.add_argument("--mask-token-id", type=int, help="DFlash: the mask token, for a config that names none "
-                   "(SpecForge writes none unless told)")  # fmt: skip
+    p.add_argument(
+        "--mask-token-id",
+        type=int,
+        help="DFlash: the mask token, for a config that names none (SpecForge writes none unless told)",
+    )
 
 
 def _command(

@@ -47,8 +47,9 @@ def test_vllm_serves_the_demos_checkpoints_as_saved_and_agrees(tmp_path: Path) -
         for method, checkpoint, k in [("dflash", "dflash_step_40", 3), ("eagle3", "eagle3_step_40", 4)]:
             served = workdir / "runs" / checkpoint
             spec = json.dumps({"method": method, "model": str(served), "num_speculative_tokens": k})
-            engine = VllmServer(workdir / "target", free_port(), tmp_path / f"vllm-{method}.log",
-                                "--speculative-config", spec)  # fmt: skip
+            engine = VllmServer(
+                workdir / "target", free_port(), tmp_path / f"vllm-{method}.log", "--speculative-config", spec
+            )
             engine.start()
             try:
                 out = tmp_path / f"{method}.json"

@@ -284,8 +284,13 @@ class CacheClient:
         try:
             tensors, meta = parse(self._get_body("/target/heads")[0])
             eps = meta.get("final_norm_eps")
-            return TargetHeads(tensors[EMBED_TENSOR], tensors[LM_HEAD_TENSOR], meta["model_fingerprint"],
-                               tensors.get(FINAL_NORM_TENSOR), float(eps) if eps is not None else None)  # fmt: skip
+            return TargetHeads(
+                tensors[EMBED_TENSOR],
+                tensors[LM_HEAD_TENSOR],
+                meta["model_fingerprint"],
+                tensors.get(FINAL_NORM_TENSOR),
+                float(eps) if eps is not None else None,
+            )
         except (WireFormatError, KeyError) as e:
             raise ProtocolError(f"malformed /target/heads body: {e}") from e
 

@@ -40,8 +40,10 @@ def read_dflash_config(
     check_keys(dflash, _DFLASH_CONFIG_KEYS, "DFlash dflash_config")
     for key, plain in _VARIANT_DEFAULTS.items():
         if dflash.get(key, plain) != plain:
-            raise CheckpointRefused(f"config dflash_config.{key}={dflash[key]!r} is a DFlash variant not "
-                                    f"implemented here (plain DFlash: {plain!r})")  # fmt: skip
+            raise CheckpointRefused(
+                f"config dflash_config.{key}={dflash[key]!r} is a DFlash variant not "
+                f"implemented here (plain DFlash: {plain!r})"
+            )
     draft_vocab, vocab = raw.get("draft_vocab_size"), raw.get("vocab_size")
     if draft_vocab is not None and draft_vocab != vocab:
         raise CheckpointRefused(

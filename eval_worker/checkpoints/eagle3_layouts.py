@@ -174,10 +174,13 @@ def _window(layer: Mapping[str, Any]) -> int | None:
     """The decoder layer's attention span: None for full attention, else its sliding window, which
     speculators' trainer sets on every draft layer by default (2048)."""
     types = layer.get("layer_types")
-    if types is not None and (not isinstance(types, list) or len(set(types)) != 1
-                              or types[0] not in ("full_attention", "sliding_attention")):  # fmt: skip
-        raise CheckpointRefused(f"config layer_types {types!r}: one attention type for the drafter's layer, "
-                                "full_attention or sliding_attention")  # fmt: skip
+    if types is not None and (
+        not isinstance(types, list) or len(set(types)) != 1 or types[0] not in ("full_attention", "sliding_attention")
+    ):
+        raise CheckpointRefused(
+            f"config layer_types {types!r}: one attention type for the drafter's layer, "
+            "full_attention or sliding_attention"
+        )
     sliding = _flag(layer, "use_sliding_window", False)
     if types is None and sliding:
         raise CheckpointRefused("config sets use_sliding_window without layer_types: which layers slide is unclear")

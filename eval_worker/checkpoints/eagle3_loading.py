@@ -139,10 +139,13 @@ def _d2t(state: Mapping[str, Tensor], cfg: Eagle3Config) -> Tensor:
 def _check_t2d(t2d: Tensor, d2t: Tensor, cfg: Eagle3Config) -> None:
     """t2d (which target ids the draft vocab holds) restates d2t; a checkpoint where they disagree is refused."""
     if tuple(t2d.shape) != (cfg.vocab_size,) or t2d.dtype != torch.bool:
-        raise CheckpointRefused(f"t2d has shape {list(t2d.shape)} and dtype {t2d.dtype}, expected bool "
-                                f"[{cfg.vocab_size}]")  # fmt: skip
+        raise CheckpointRefused(
+            f"t2d has shape {list(t2d.shape)} and dtype {t2d.dtype}, expected bool [{cfg.vocab_size}]"
+        )
     held = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     held[torch.arange(cfg.draft_vocab_size) + d2t] = True
     if not torch.equal(t2d, held):
-        raise CheckpointRefused(f"t2d marks other target ids ({int(t2d.sum())}) than the {cfg.draft_vocab_size} "
-                                "that d2t maps the draft vocab to")  # fmt: skip
+        raise CheckpointRefused(
+            f"t2d marks other target ids ({int(t2d.sum())}) than the {cfg.draft_vocab_size} "
+            "that d2t maps the draft vocab to"
+        )

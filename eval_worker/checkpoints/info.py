@@ -41,11 +41,16 @@ def _describe_eagle3(path: Path, raw: RawCheckpoint) -> list[str]:
         ids = f"{list(layout.layer_ids)} as {layout.convention} ({meaning}, the {layout.layout} convention)"
         if 0 not in layout.layer_ids:
             ids += f" = served layers {list(to_decoder_outputs(layout.layer_ids, layout.convention))}"
-    flags = [f for f, on in (("norm_before_residual", cfg.norm_before_residual), ("qk_norm", cfg.qk_norm),
-                             ("feeds norm(x) back", cfg.feed_normed), ("logits from raw x", not cfg.logits_from_norm))
-             if on] + ([f"feature norm {cfg.feature_norm}"] if cfg.feature_norm != "none" else []) + (
-                 [f"sliding window {cfg.sliding_window}"] if cfg.sliding_window else []) + (
-                 ["lm_head tied to embed_tokens"] if cfg.tied_lm_head else [])  # fmt: skip
+    named = {
+        "norm_before_residual": cfg.norm_before_residual,
+        "qk_norm": cfg.qk_norm,
+        "feeds norm(x) back": cfg.feed_normed,
+        "logits from raw x": not cfg.logits_from_norm,
+        f"feature norm {cfg.feature_norm}": cfg.feature_norm != "none",
+        f"sliding window {cfg.sliding_window}": cfg.sliding_window is not None,
+        "lm_head tied to embed_tokens": cfg.tied_lm_head,
+    }
+    flags = [name for name, on in named.items() if on]
     return [
         f"checkpoint         {path}",
         f"format             {raw.format}",

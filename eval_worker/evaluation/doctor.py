@@ -19,6 +19,7 @@ import torch
 from cache_server.client import CacheClient, HiddenResult, TargetHeads
 from cache_server.torch_utils import as_numpy
 from eval_worker.checkpoints.loading import LoadedCheckpoint, load_checkpoint
+from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.evaluation.sweep import evaluate_checkpoints, select_prompts
 from eval_worker.settings import EvaluateSettings
@@ -74,8 +75,8 @@ class NormedLayer:
         if self.layer not in layers:
             return result
         hidden, _ = result.to_torch()
-        width = hidden.shape[1] // len(layers)
-        cols = slice(list(layers).index(self.layer) * width, (list(layers).index(self.layer) + 1) * width)
+        width, slot = hidden.shape[1] // len(layers), list(layers).index(self.layer)
+        cols = slice(slot * width, (slot + 1) * width)
         x = hidden[:, cols].float()
         normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(hidden.dtype)
         out = hidden.clone()
@@ -84,9 +85,14 @@ class NormedLayer:
 
 
 def doctor(
-    client: CacheClient, checkpoint: Path, settings: EvaluateSettings, *, limit: int, config_path: Path | None = None,
+    client: CacheClient,
+    checkpoint: Path,
+    settings: EvaluateSettings,
+    *,
+    limit: int,
+    config_path: Path | None = None,
     mask_token_id: int | None = None,
-) -> list[Reading]:  # fmt: skip
+) -> list[Reading]:
     """The declared reading first, then each shifted one the target's layers allow, then the normed last
     layer when the checkpoint reads the last layer and the target's final norm is known."""
     info = client.model()
@@ -97,10 +103,12 @@ def doctor(
     ids = select_prompts(client, None, settings.timeout_s)[:limit]
     reports = evaluate_checkpoints(client, variants, settings, prompt_ids=[ids] * len(variants), progress=False)
     readings = [Reading("declared", declared, reports[0].summary.chain.mean_tau)]
-    readings += [Reading(_SHIFTS[s][0], v.target_layer_ids, r.summary.chain.mean_tau, _SHIFTS[s][1])
-                 for s, v, r in zip(shifts, variants[1:], reports[1:], strict=True)]  # fmt: skip
-    heads = client.heads()
-    if info.num_layers - 1 in declared and heads.final_norm is not None:
+    readings += [
+        Reading(_SHIFTS[s][0], v.target_layer_ids, r.summary.chain.mean_tau, _SHIFTS[s][1])
+        for s, v, r in zip(shifts, variants[1:], reports[1:], strict=True)
+    ]
+    heads = HeadsCache(settings.heads_cache).get(client, info.fingerprint) if info.num_layers - 1 in declared else None
+    if heads is not None and heads.final_norm is not None:
         normed = NormedLayer(client, info.num_layers - 1, heads)
         (report,) = evaluate_checkpoints(client, [loaded], settings, prompt_ids=[ids], progress=False, source=normed)
         readings.append(Reading(_NORMED[0], declared, report.summary.chain.mean_tau, _NORMED[1]))

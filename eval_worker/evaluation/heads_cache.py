@@ -1,4 +1,4 @@
-"""A local cache of the target's embed_tokens / lm_head, keyed by target fingerprint.
+"""A local cache of the target's embed_tokens / lm_head (and final norm), keyed by target fingerprint.
 
 They are the largest download an evaluation needs and are the same for every checkpoint.
 """
@@ -15,14 +15,16 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from cache_server.client import TargetHeads
+from cache_server.client.results import as_tensor
 from cache_server.torch_utils import as_numpy
 from eval_worker.errors import FeatureMismatch
 from eval_worker.evaluation.source import FeatureSource
-from schemas.hidden import EMBED_TENSOR, LM_HEAD_TENSOR
+from schemas.hidden import EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HEADS_DIR = Path("~/.cache/hidden-state-cache/heads")
+_NO_NORM = "none"  # the target's final norm is not a plain RMSNorm
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
@@ -54,11 +56,12 @@ class HeadsCache:
         # unique per writer: worker replicas share this directory (and, in containers, their pid)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         embed, lm_head = heads.to_torch()
-        save_file(
-            {EMBED_TENSOR: embed.contiguous(), LM_HEAD_TENSOR: lm_head.contiguous()},
-            tmp,
-            metadata={"fingerprint": fingerprint},
-        )
+        tensors = {EMBED_TENSOR: embed.contiguous(), LM_HEAD_TENSOR: lm_head.contiguous()}
+        metadata = {"fingerprint": fingerprint, "final_norm_eps": _NO_NORM}  # the final norm: the doctor's
+        if heads.final_norm is not None and heads.final_norm_eps is not None:
+            tensors[FINAL_NORM_TENSOR] = as_tensor(heads.final_norm).contiguous()
+            metadata["final_norm_eps"] = repr(heads.final_norm_eps)
+        save_file(tensors, tmp, metadata=metadata)
         tmp.replace(path)
         log.info("target heads fetched and cached at %s", path)
         return heads
@@ -67,12 +70,22 @@ class HeadsCache:
 def _read(path: Path, fingerprint: str) -> TargetHeads | None:
     try:
         with safe_open(path, framework="pt") as f:
-            stored = (f.metadata() or {}).get("fingerprint")
-            if stored != fingerprint:
-                log.warning("ignoring heads cache %s: it holds target %r, not %r", path, stored, fingerprint)
+            meta = f.metadata() or {}
+            if meta.get("fingerprint") != fingerprint:
+                log.warning(
+                    "ignoring heads cache %s: it holds target %r, not %r", path, meta.get("fingerprint"), fingerprint
+                )
                 return None
+            eps = meta.get("final_norm_eps")
+            if eps is None:  # written before the final norm was kept: fetch again
+                return None
+            norm = None if eps == _NO_NORM else as_numpy(f.get_tensor(FINAL_NORM_TENSOR))
             return TargetHeads(
-                as_numpy(f.get_tensor(EMBED_TENSOR)), as_numpy(f.get_tensor(LM_HEAD_TENSOR)), fingerprint
+                as_numpy(f.get_tensor(EMBED_TENSOR)),
+                as_numpy(f.get_tensor(LM_HEAD_TENSOR)),
+                fingerprint,
+                norm,
+                None if eps == _NO_NORM else float(eps),
             )
     except (SafetensorError, OSError, KeyError) as exc:
         log.warning("ignoring unreadable heads cache %s: %s", path, exc)

@@ -43,12 +43,15 @@ def test_doctor_names_a_checkpoint_trained_on_the_normed_last_layer(
         taps = [model.model.norm(t) for t in data.taps]
     torch.manual_seed(0)
     drafter = DFlashDrafter(tiny_drafter_config(model.config, LAST, block_size=BLOCK_SIZE), len(LAST))
-    TinyTrainer(drafter, Sequences(data.token_ids, taps, data.prompt_lens), *target_heads(model), lr=1e-3,
-                seed=0).run(120)  # fmt: skip
+    TinyTrainer(drafter, Sequences(data.token_ids, taps, data.prompt_lens), *target_heads(model), lr=1e-3, seed=0).run(
+        120
+    )
     checkpoint = save_hf_checkpoint(tmp_path / "normed", drafter)
     with running_server(target_dir, tmp_path / "store") as url, CacheClient(url) as client:
-        specs = [{"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist()}
-                 for ids, n in zip(data.token_ids, data.prompt_lens, strict=True)]  # fmt: skip
+        specs = [
+            {"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist()}
+            for ids, n in zip(data.token_ids, data.prompt_lens, strict=True)
+        ]
         client.wait_ready([p.prompt_id for p in client.register(specs)])
         assert main(["doctor", str(checkpoint), "--server", url, "--device", "cpu"]) == 0
     out = capsys.readouterr().out

@@ -58,8 +58,16 @@ def random_eagle3(cfg: Eagle3Config, num_taps: int, *, seed: int = 0, d2t: Tenso
     return drafter.eval()
 
 
-def train_eagle3(drafter: Eagle3Drafter, token_ids: Sequence[Tensor], taps: Sequence[Tensor], embed: Tensor,
-                 steps: int, *, lr: float = 3e-3, depth: int = 1) -> float:  # fmt: skip
+def train_eagle3(
+    drafter: Eagle3Drafter,
+    token_ids: Sequence[Tensor],
+    taps: Sequence[Tensor],
+    embed: Tensor,
+    steps: int,
+    *,
+    lr: float = 3e-3,
+    depth: int = 1,
+) -> float:
     """Teacher-forced training of the first `depth` drafting steps: the output at position i (taps i,
     token i+1) predicts token i+2, and the step-j node of a round anchored at s (fed the step before's
     output and token s+j-1) predicts token s+j (target ids outside the draft vocab are not scored).
@@ -83,8 +91,9 @@ def train_eagle3(drafter: Eagle3Drafter, token_ids: Sequence[Tensor], taps: Sequ
     return float(loss.detach())
 
 
-def _later_steps(drafter: Eagle3Drafter, ctx: Eagle3Context, ids: Tensor, embed: Tensor, depth: int
-                 ) -> list[tuple[Tensor, Tensor]]:  # fmt: skip
+def _later_steps(
+    drafter: Eagle3Drafter, ctx: Eagle3Context, ids: Tensor, embed: Tensor, depth: int
+) -> list[tuple[Tensor, Tensor]]:
     """(logits, wanted target ids) of steps 2..depth of every round whose tokens exist, as the live loop
     runs them: the node of step j sits at position s+j-2, sees the context before s, its ancestors and itself."""
     s = torch.arange(1, ctx.roots.shape[0] - depth + 1)  # anchors whose step-`depth` token exists
@@ -94,8 +103,9 @@ def _later_steps(drafter: Eagle3Drafter, ctx: Eagle3Context, ids: Tensor, embed:
     out = []
     for j in range(1, depth):
         visible = torch.ones(m, 1, tree_k.shape[2], dtype=torch.bool)
-        batch = NodeBatch(ctx.keys[None], ctx.values[None], torch.zeros(m, dtype=torch.long), s, tree_k, tree_v,
-                          visible)  # fmt: skip
+        batch = NodeBatch(
+            ctx.keys[None], ctx.values[None], torch.zeros(m, dtype=torch.long), s, tree_k, tree_v, visible
+        )
         x, k, v = drafter.step(hidden, ids[s + j][:, None], s + j - 1, batch, embed)
         out.append((drafter.logits(x[:, 0]), ids[s + j + 1]))
         tree_k, tree_v = torch.cat([tree_k, k], dim=2), torch.cat([tree_v, v], dim=2)
@@ -148,9 +158,16 @@ def eagle3_files(drafter: Eagle3Drafter, layout: SaveLayout, *, layer_ids: Seque
     return config, state
 
 
-def save_eagle3(out: Path, drafter: Eagle3Drafter, layout: SaveLayout, *, layer_ids: Sequence[int] | None = None,
-                steps: int | None = None, global_step: int | None = None,
-                hf_step: int | None = None) -> Path:  # fmt: skip
+def save_eagle3(
+    out: Path,
+    drafter: Eagle3Drafter,
+    layout: SaveLayout,
+    *,
+    layer_ids: Sequence[int] | None = None,
+    steps: int | None = None,
+    global_step: int | None = None,
+    hf_step: int | None = None,
+) -> Path:
     """A HF directory (`out`, with `hf_step` in its `trainer_state.json`), or with `global_step` a training
     `torch.save` dict at `out` with its config."""
     config, state = eagle3_files(drafter, layout, layer_ids=layer_ids, steps=steps)

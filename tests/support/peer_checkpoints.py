@@ -44,14 +44,24 @@ def speculators_eagle3(target: Path, out: Path, *, window: int = 2048) -> None:
     from transformers import AutoConfig
 
     layer_config = create_transformer_layer_config(
-        verifier_name_or_path=str(target), num_layers=1, draft_arch="llama", hidden_act=None,
-        sliding_window=window, full_attention_indices=[],
-    )  # fmt: skip
+        verifier_name_or_path=str(target),
+        num_layers=1,
+        draft_arch="llama",
+        hidden_act=None,
+        sliding_window=window,
+        full_attention_indices=[],
+    )
     size, d2t, t2d = _draft_vocab(AutoConfig.from_pretrained(target).vocab_size)
     model = Eagle3DraftModel.from_training_args(
-        layer_config, t2d=t2d, d2t=d2t, draft_vocab_size=size, norm_before_residual=True, ttt_steps=3,
-        verifier_name_or_path=str(target), draft_attn_impl="sdpa",
-    )  # fmt: skip
+        layer_config,
+        t2d=t2d,
+        d2t=d2t,
+        draft_vocab_size=size,
+        norm_before_residual=True,
+        ttt_steps=3,
+        verifier_name_or_path=str(target),
+        draft_attn_impl="sdpa",
+    )
     model.save_pretrained(out)
 
 
@@ -62,8 +72,13 @@ def _specforge_config(target: Path, algorithm: str, layers: int) -> object:
     from specforge.training.model_loading import _apply_draft_overrides, _generate_draft_config
 
     providers = import_module(f"specforge.algorithms.{algorithm}.providers").algorithm_providers()
-    model = SimpleNamespace(target_model_path=str(target), cache_dir=None, trust_remote_code=False,
-                            draft_num_hidden_layers=layers, draft_block_size=None)  # fmt: skip
+    model = SimpleNamespace(
+        target_model_path=str(target),
+        cache_dir=None,
+        trust_remote_code=False,
+        draft_num_hidden_layers=layers,
+        draft_block_size=None,
+    )
     cfg = SimpleNamespace(model=model, training=SimpleNamespace(strategy=algorithm))
     config = _generate_draft_config(cfg, providers.model.draft_config)
     _apply_draft_overrides(cfg, config, providers.model.draft_config)

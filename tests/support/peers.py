@@ -27,8 +27,11 @@ def _run(*args: str | Path) -> str:
         raise RuntimeError("the peers' environment .venv-peers is missing: ./dev test (or .ci/run) builds it")
     done = subprocess.run(
         [str(python), str(SCRIPT), *map(str, args)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     if done.returncode != 0:
         raise RuntimeError(f"peer_checkpoints.py {args[0]} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return done.stdout
@@ -43,7 +46,9 @@ def write_peer_checkpoints(target: Path, out: Path) -> dict[str, Path]:
 def speculators_drafts(checkpoint: Path, taps: Tensor, token_ids: Tensor, work: Path) -> Tensor:
     """speculators' own greedy first drafts (draft ids) for one sequence: position i reads taps[i] and
     token i+1, as this project's EAGLE-3 prefill pairs them."""
-    save_file({"hidden_states": taps[None, :-1].contiguous(), "input_ids": token_ids[None, 1:].contiguous()},
-              work / "in.safetensors")  # fmt: skip
+    save_file(
+        {"hidden_states": taps[None, :-1].contiguous(), "input_ids": token_ids[None, 1:].contiguous()},
+        work / "in.safetensors",
+    )
     _run("drafts", checkpoint, work / "in.safetensors", work / "out.safetensors")
     return load_file(work / "out.safetensors")["draft_ids"][0]

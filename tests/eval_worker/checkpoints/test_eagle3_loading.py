@@ -128,8 +128,12 @@ def test_tied_word_embeddings_make_the_head_the_embedding(tmp_path: Path, eagle_
     assert loaded.config.tied_lm_head  # type: ignore[union-attr]
     assert torch.equal(loaded.drafter.lm_head.weight, full.embed_tokens.weight)
 
-    narrow = save_eagle3(tmp_path / "narrow", random_eagle3(eagle3_config(eagle_target.config, draft_vocab_size=100),
-                                                            3), "speculators", layer_ids=[2, 6, 9])  # fmt: skip
+    narrow = save_eagle3(
+        tmp_path / "narrow",
+        random_eagle3(eagle3_config(eagle_target.config, draft_vocab_size=100), 3),
+        "speculators",
+        layer_ids=[2, 6, 9],
+    )
     _edit_config(narrow, tie_word_embeddings=True)
     with pytest.raises(CheckpointRefused, match=r"tie_word_embeddings is true.*draft vocab equal to the vocab"):
         load_checkpoint(narrow, info)

@@ -25,8 +25,16 @@ from tests.support.peers import peers_python, speculators_drafts, write_peer_che
 from tests.support.servers import running_server
 
 LAYERS = 8  # speculators' default aux ids [2, 4, 5] are layer inputs = decoder outputs [1, 3, 4]
-TARGET = ModelInfo(name="tiny8", fingerprint="fp8", num_layers=LAYERS, hidden_size=128, vocab_size=512,
-                   max_position_embeddings=4096, dtype="float32", capture_layers=[])  # fmt: skip
+TARGET = ModelInfo(
+    name="tiny8",
+    fingerprint="fp8",
+    num_layers=LAYERS,
+    hidden_size=128,
+    vocab_size=512,
+    max_position_embeddings=4096,
+    dtype="float32",
+    capture_layers=[],
+)
 
 
 @pytest.fixture(scope="module")
