@@ -28,10 +28,7 @@ from cache_server.client.pieces import OutMismatch, check_out, decode_pieces
 from cache_server.client.results import HiddenResult, TargetHeads
 from schemas.errors import ErrorCode
 from schemas.hidden import (
-    EMBED_TENSOR,
-    FINAL_NORM_TENSOR,
     HIDDEN_TENSOR,
-    LM_HEAD_TENSOR,
     TOKEN_IDS_TENSOR,
     HiddenMetadata,
 )
@@ -282,15 +279,7 @@ class CacheClient:
     def heads(self) -> TargetHeads:
         """The target's embed_tokens and lm_head (what a DFlash drafter borrows), as numpy arrays."""
         try:
-            tensors, meta = parse(self._get_body("/target/heads")[0])
-            eps = meta.get("final_norm_eps")
-            return TargetHeads(
-                tensors[EMBED_TENSOR],
-                tensors[LM_HEAD_TENSOR],
-                meta["model_fingerprint"],
-                tensors.get(FINAL_NORM_TENSOR),
-                float(eps) if eps is not None else None,
-            )
+            return TargetHeads.from_body(*parse(self._get_body("/target/heads")[0]))
         except (WireFormatError, KeyError) as e:
             raise ProtocolError(f"malformed /target/heads body: {e}") from e
 

@@ -5,13 +5,14 @@ torch is imported only inside `to_torch`, so the client stays light for callers 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
 
-from schemas.hidden import HiddenMetadata
+from schemas.hidden import EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, HiddenMetadata
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +51,18 @@ class TargetHeads:
     fingerprint: str
     final_norm: np.ndarray | None = None  # [H], when the target's final norm is a plain RMSNorm
     final_norm_eps: float | None = None
+
+    @classmethod
+    def from_body(cls, tensors: Mapping[str, np.ndarray], meta: Mapping[str, str]) -> TargetHeads:
+        """The heads in a `GET /target/heads` body (KeyError names what it lacks)."""
+        eps = meta.get("final_norm_eps")
+        return cls(
+            tensors[EMBED_TENSOR],
+            tensors[LM_HEAD_TENSOR],
+            meta["model_fingerprint"],
+            tensors.get(FINAL_NORM_TENSOR),
+            float(eps) if eps is not None else None,
+        )
 
     def to_torch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(embed_tokens, lm_head) as torch tensors over the same memory."""
