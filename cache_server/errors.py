@@ -14,6 +14,7 @@ CacheServerError
 ├── JobNotFound             no job with that id (404)
 ├── ReportNotReady          the job has no report yet (404)
 ├── PromptNotReady          still computing after the bounded wait (503 + Retry-After)
+├── StoredDataCorrupt       stored bytes that do not decode; bad layers are captured again (503)
 ├── ServerUnhealthy         a background loop is dead or has failed too long (503, GET /healthz)
 ├── PromptFailed            the target failed on this prompt (409)
 ├── JobFailed               the job failed, so it will never have a report (409)
@@ -62,6 +63,17 @@ class PromptNotReady(CacheServerError):
     code = ErrorCode.prompt_not_ready
 
     def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class StoredDataCorrupt(CacheServerError):
+    """Stored bytes of a published prompt do not decode. Bad layers are no longer served and are being
+    captured again (`retry_after_s`); bad token ids cannot be (None: register the prompt again)."""
+
+    code = ErrorCode.stored_data_corrupt
+
+    def __init__(self, message: str, retry_after_s: int | None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
 

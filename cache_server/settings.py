@@ -40,6 +40,12 @@ class ServeSettings(BaseSettings):
         description="the coordination database shared by every server on the store: postgresql://user:pass@host/db, "
         "a SQLite path or sqlite:///path (default: jobs.sqlite in a local store; required with an s3:// store)",
     )
+    db_lock_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="how long a SQLite statement waits for another process's lock before it fails (and a "
+        "database that stays locked shows on /healthz)",
+    )
     instance: str | None = Field(
         default=None, description="this server's name among those sharing the store (default: <host>-<pid>)"
     )

@@ -38,6 +38,8 @@ class ErrorCode(StrEnum):
     lease_lost = "lease_lost"
     # 503: still computing; Retry-After says when to ask again
     prompt_not_ready = "prompt_not_ready"
+    # 503: stored bytes of the prompt do not decode; its bad layers are captured again (Retry-After)
+    stored_data_corrupt = "stored_data_corrupt"
     # 503: a background loop of the server is dead or failing (GET /healthz)
     server_unhealthy = "server_unhealthy"
     # 500: a bug, logged on the server; the body carries no internals
@@ -71,6 +73,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.job_running: 409,
     ErrorCode.lease_lost: 409,
     ErrorCode.prompt_not_ready: 503,
+    ErrorCode.stored_data_corrupt: 503,
     ErrorCode.server_unhealthy: 503,
     ErrorCode.internal_error: 500,
     ErrorCode.http_error: 500,

@@ -13,6 +13,7 @@ from cache_server.api.jobs_routes import jobs_router
 from cache_server.api.page import page_router
 from cache_server.api.routes import router
 from cache_server.capture.target import Target
+from cache_server.compute.instances import default_db_location
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.service import HiddenStateService
 from cache_server.coordination.database import Database
@@ -62,7 +63,7 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
         store,
         capture_layers=settings.capture_layer_ids(target.info.num_layers),
         metrics=metrics,
-        db=Database(settings.db) if settings.db else None,  # None: SQLite next to a local store
+        db=Database(settings.db or default_db_location(store), lock_timeout_s=settings.db_lock_timeout_s),
         instance=settings.instance,
         capture_lease_s=settings.capture_lease_s,
         batch_tokens=settings.batch_tokens,

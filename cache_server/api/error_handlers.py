@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cache_server.errors import CacheServerError, PromptNotReady, Unauthorized
+from cache_server.errors import CacheServerError, PromptNotReady, StoredDataCorrupt, Unauthorized
 from schemas.errors import ErrorBody, ErrorCode, ErrorDetail
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def error_responses(*codes: ErrorCode) -> dict[int | str, dict[str, Any]]:
 async def _domain_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, CacheServerError)
     headers = None
-    if isinstance(exc, PromptNotReady):
+    if isinstance(exc, PromptNotReady | StoredDataCorrupt) and exc.retry_after_s is not None:
         headers = {"Retry-After": str(exc.retry_after_s)}
     elif isinstance(exc, Unauthorized):
         headers = {"WWW-Authenticate": "Bearer"}

@@ -89,6 +89,7 @@ def prompt_state(prompt_id: str, service: ServiceDep) -> PromptState:
         E.prompt_not_found,
         E.prompt_failed,
         E.prompt_not_ready,
+        E.stored_data_corrupt,
     ),
 )
 async def hidden(

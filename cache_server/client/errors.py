@@ -119,6 +119,7 @@ _BY_CODE: dict[ErrorCode, type[ApiError]] = {
     ErrorCode.job_running: JobRunningError,
     ErrorCode.lease_lost: LeaseLostError,
     ErrorCode.prompt_not_ready: NotReadyError,
+    ErrorCode.stored_data_corrupt: NotReadyError,
     ErrorCode.server_unhealthy: ServerError,
     ErrorCode.internal_error: ServerError,
     ErrorCode.http_error: ApiError,

@@ -57,7 +57,7 @@ class Registry:
     def add_many(self, regs: Sequence[Registration]) -> set[str]:
         """Persist registrations in one transaction; the ids that were not registered before."""
         table, wanted = REGISTRATIONS, {r.prompt_id: r for r in regs}
-        with self._db.transaction() as c:
+        with self._db.transaction(ordered=True) as c:
             mine = table.c.namespace == self._ns
             there = set(c.scalars(select(table.c.prompt_id).where(mine, table.c.prompt_id.in_(list(wanted)))))
             new = [r for pid, r in wanted.items() if pid not in there]
@@ -86,7 +86,7 @@ class Registry:
     def _catch_up(self) -> None:
         with self._lock:
             table = REGISTRATIONS
-            with self._db.transaction() as c:
+            with self._db.read() as c:
                 rows = c.execute(
                     select(table.c.seq, table.c.body)
                     .where(table.c.namespace == self._ns, table.c.seq > self._seen)

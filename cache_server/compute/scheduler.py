@@ -5,8 +5,9 @@ results to the store.
 Capture work lives in the coordination database (`CaptureQueue`), shared by every server on the store:
 this server claims it under a lease (renewed while it computes), so each (prompt, missing layers)
 is computed once across all servers, and a dead server's work is taken over when its lease expires.
-`cache_server_prompts_computed_total` counts this server's runs. Waiters on this server are woken
-when it finishes a prompt (`finished`); work finished elsewhere is seen by polling the store.
+`cache_server_prompts_computed_total` counts this server's runs. Waiters are woken when a capture
+finishes (`finished`): on this server, or on another one through the database's notices (Postgres);
+without them, work finished elsewhere is seen by polling.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from cache_server.compute.progress import Progress
 from cache_server.compute.registry import Registration, Registry
 from cache_server.compute.responses import ComputeTask, Responses
 from cache_server.coordination.captures import CaptureQueue
+from cache_server.coordination.notices import Notice
 from cache_server.errors import PromptFailed
 from cache_server.generation.engine import EngineClient
 from cache_server.store.hidden_store import HiddenStore
@@ -60,7 +62,6 @@ class Scheduler:
         engine: EngineClient | None = None,
         generator_concurrency: int = 64,
         health: Health | None = None,
-        poll_s: float = 0.2,
     ) -> None:
         self.target = target
         self.store = store
@@ -70,7 +71,8 @@ class Scheduler:
         self.health = health if health is not None else Health(bound_s=30.0)
         self.capture_layers = sorted(capture_layers)
         self._batch_tokens = batch_tokens
-        self._poll_s = poll_s
+        # With notices from every server, polling is only a safety net; SQLite's reach this process only.
+        self.poll_s = 2.0 if captures.db.notices.crosses_processes else 0.2
         self._lock = threading.Lock()
         self._held: set[str] = set()  # claimed by this server, not yet finished
         self._finished: dict[str, Future[None]] = {}
@@ -95,6 +97,13 @@ class Scheduler:
         """Start computing and renewing leases."""
         self.health.watch("compute", self._thread)
         self.health.watch("capture-lease", self._renewer)
+        listener = self.captures.db.notices.listen(
+            self._on_notice,
+            ok=lambda: self.health.ok("notice-listener"),
+            failing=lambda e: self.health.failing("notice-listener", e),
+        )
+        if listener is not None:
+            self.health.watch("notice-listener", listener)
         self._thread.start()
         self._renewer.start()
 
@@ -143,9 +152,23 @@ class Scheduler:
                 raise PromptFailed(f"prompt {prompt_id} failed: {state.error}")
 
     def finished(self, prompt_id: str) -> Future[None]:
-        """Resolves when this server next finishes `prompt_id` (published or failed)."""
+        """Resolves when a capture of `prompt_id` next finishes (published or failed): on this server,
+        or on any server when the database carries notices between them."""
         with self._lock:
             return self._finished.setdefault(prompt_id, Future())
+
+    def in_progress(self, prompt_id: str) -> bool:
+        """Whether a capture of `prompt_id` is queued or running on some server (a lock-free read)."""
+        state = self.captures.state(prompt_id)
+        return state is not None and state.status in ("queued", "running")
+
+    def _on_notice(self, notice: Notice) -> None:
+        if notice.namespace != self.captures.namespace:
+            return
+        if notice.kind == "queued":
+            self._wake.set()
+        elif notice.prompt_id is not None:
+            self._wake_waiters(notice.prompt_id)
 
     # -- compute thread -------------------------------------------------------------------------
 
@@ -170,7 +193,7 @@ class Scheduler:
         elif batch := self.responses.take(self._batch_tokens):
             self._run_batch(batch)
         else:
-            self._wake.wait(self._poll_s)  # an engine's answer, new work, or some on another server
+            self._wake.wait(self.poll_s)  # an engine's answer, new work, or a lease expired elsewhere
             self._wake.clear()
 
     def _claim_more(self) -> None:
@@ -269,6 +292,10 @@ class Scheduler:
         """No longer held here; wake this server's waiters."""
         with self._lock:
             self._held.discard(prompt_id)
+        self._wake_waiters(prompt_id)
+
+    def _wake_waiters(self, prompt_id: str) -> None:
+        with self._lock:
             waiters = self._finished.pop(prompt_id, None)
         if waiters is not None:
             waiters.set_result(None)

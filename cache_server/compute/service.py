@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 
@@ -23,17 +24,17 @@ from cache_server.compute.sets import SetRegistry
 from cache_server.compute.streaming import BlockBuffers, HiddenStream, hidden_stream
 from cache_server.coordination.captures import CaptureQueue
 from cache_server.coordination.database import Database
-from cache_server.errors import InvalidLayers, InvalidPrompt, PromptNotReady, ServerUnhealthy
+from cache_server.errors import InvalidLayers, InvalidPrompt, PromptNotReady, ServerUnhealthy, StoredDataCorrupt
 from cache_server.generation.engine import EngineClient
 from cache_server.store.hidden_store import HiddenStore
-from cache_server.store.manifest import PromptManifest
+from cache_server.store.manifest import PromptManifest, StoreCorrupt
 from cache_server.torch_utils import dtype_name
 from schemas.layers import layer_list_problem, parse_layer_list
 from schemas.model import ModelInfo
 from schemas.prompts import ChatMessage, GenerateSpec, PromptSpec, RegisteredPrompt
 from schemas.safetensors_frame import FramedBody
 
-_POLL_S = 0.2  # how often a waiter looks for work finished on another server
+log = logging.getLogger(__name__)
 
 
 class HiddenStateService:
@@ -202,30 +203,37 @@ class HiddenStateService:
 
     async def ensure(self, prompt_id: str, layers: Sequence[int]) -> PromptManifest:
         """The published manifest once it holds `layers`, computed at most once across the servers
-        on the store: woken when this server finishes the prompt, polling for the others."""
+        on the store: asked for once, then woken when a capture of the prompt finishes (polling is a
+        safety net), asked for again only when no capture of it is queued or running."""
         # Off the event loop: a registration added by another server, or a manifest not read yet, is a
         # database or store read.
         reg = await asyncio.to_thread(self.prompts.registered, prompt_id)
         deadline = time.monotonic() + self._wait_s
         manifest = await asyncio.to_thread(self.store.manifest, prompt_id)
-        fresh = False  # whether `manifest` was just read from the store (else it may be a stale copy)
+        fresh, ask = False, True  # `fresh`: `manifest` was just read from the store (else a stale copy)
         while manifest is None or not set(layers) <= set(manifest.layers):
             finished = self.scheduler.finished(prompt_id)  # before asking, so that no wake-up is missed
-            known = {prompt_id: manifest} if fresh else {}
-            await asyncio.to_thread(self.scheduler.request_many, [reg], layers, known=known)
+            if ask:  # raises PromptFailed once the target has failed on it
+                known = {prompt_id: manifest} if fresh else {}
+                await asyncio.to_thread(self.scheduler.request_many, [reg], layers, known=known)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PromptNotReady(
                     f"prompt {prompt_id} is still being computed after {self._wait_s:.0f} s", retry_after_s=5
                 )
             with contextlib.suppress(TimeoutError):  # shield: a waiter timing out must not cancel it
-                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(finished)), min(remaining, _POLL_S))
+                wait_s = min(remaining, self.scheduler.poll_s)
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(finished)), wait_s)
             manifest, fresh = await asyncio.to_thread(self.store.manifest, prompt_id, fresh=True), True
+            ask = not await asyncio.to_thread(self.scheduler.in_progress, prompt_id)
         return manifest
 
     def hidden_body(self, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> FramedBody:
         """The `GET /hidden` body of a published prompt in one buffer (blocking: run it off the loop)."""
-        body = hidden_body(self.store, manifest, layers, start, stop)
+        try:
+            body = hidden_body(self.store, manifest, layers, start, stop)
+        except StoreCorrupt as e:
+            raise self._recapture(manifest.prompt_id, e) from e
         self._count(body.buffer.nbytes)
         return body
 
@@ -234,18 +242,47 @@ class HiddenStateService:
     ) -> HiddenStream:
         """The `GET /hidden` body of a published prompt as a stream of decoded row blocks."""
         metadata = hidden_metadata(manifest, layers, start, stop).to_strings()
-        stream = await hidden_stream(
-            self.store, manifest, layers, start, stop, metadata, self._stream_pool, self._buffers
-        )
+        try:
+            stream = await hidden_stream(
+                self.store, manifest, layers, start, stop, metadata, self._stream_pool, self._buffers
+            )
+        except StoreCorrupt as e:
+            raise await asyncio.to_thread(self._recapture, manifest.prompt_id, e) from e
         self._count(stream.nbytes)
-        return stream
+        return HiddenStream(stream.nbytes, self._recapturing(manifest.prompt_id, stream.pieces))
+
+    async def _recapturing(
+        self, prompt_id: str, pieces: AsyncIterator[bytes | memoryview]
+    ) -> AsyncIterator[bytes | memoryview]:
+        """`pieces`; a later block that does not decode still has its layers captured again (the
+        client sees the connection end before Content-Length, never wrong bytes)."""
+        try:
+            async for piece in pieces:
+                yield piece
+        except StoreCorrupt as e:
+            await asyncio.to_thread(self._recapture, prompt_id, e)
+            raise
 
     def pieces_body(self, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> PiecesBody:
         """The `GET /hidden?encoding=pieces` body: the stored pieces, for a client that decodes them."""
         metadata = hidden_metadata(manifest, layers, start, stop).to_strings()
-        body = pieces_body(self.store, manifest, layers, start, stop, metadata)
+        try:
+            body = pieces_body(self.store, manifest, layers, start, stop, metadata)
+        except StoreCorrupt as e:
+            raise self._recapture(manifest.prompt_id, e) from e
         self._count(body.nbytes)
         return body
+
+    def _recapture(self, prompt_id: str, error: StoreCorrupt) -> StoredDataCorrupt:
+        """Stored bytes of a published prompt do not decode: its bad layers are no longer served (its
+        manifest is published without them) and are queued for capture; the error to answer with."""
+        if not error.layers:
+            log.error("prompt %s: %s; not served", prompt_id, error)  # its token ids: no layer capture mends them
+            return StoredDataCorrupt(f"{error}; not served", retry_after_s=None)
+        log.error("prompt %s: %s; capturing layers %s again", prompt_id, error, list(error.layers))
+        self.store.forget_layers(prompt_id, error.layers)
+        self.scheduler.request_many([self.prompts.registered(prompt_id)], error.layers)
+        return StoredDataCorrupt(f"{error}; being captured again", retry_after_s=1)
 
     def _count(self, nbytes: int) -> None:
         self.metrics.hidden_requests.inc()

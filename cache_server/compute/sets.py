@@ -29,7 +29,7 @@ class SetRegistry:
     def add(self, name: str, prompt_ids: Iterable[str]) -> None:
         """Add prompts to a set (created on first use); prompts already in it stay where they are."""
         table, wanted = SET_MEMBERS, list(dict.fromkeys(prompt_ids))
-        with self._db.transaction() as c:
+        with self._db.transaction(ordered=True) as c:
             mine = table.c.namespace == self._ns
             there = set(c.scalars(select(table.c.prompt_id).where(mine, table.c.set_name == name)))
             seq = max_seq(c, table.c.seq, mine)
@@ -66,7 +66,7 @@ class SetRegistry:
     def _catch_up(self) -> None:
         with self._lock:
             table = SET_MEMBERS
-            with self._db.transaction() as c:
+            with self._db.read() as c:
                 rows = c.execute(
                     select(table.c.seq, table.c.set_name, table.c.prompt_id)
                     .where(table.c.namespace == self._ns, table.c.seq > self._seen)

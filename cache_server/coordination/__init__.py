@@ -1,4 +1,5 @@
-"""Coordination between cache servers: the database (`database.py`) and the prompt side's tables
-(`tables.py`) that hold registrations, prompt sets and capture leases (`captures.py`), shared by every
-server on one store, and the jobs.
+"""Coordination between cache servers on one store: the database (`database.py`: lock-free reads,
+row-locked writes), every table it holds (`tables.py`), the schema's version and migrations
+(`schema.py`), capture work under leases (`captures.py`), and the notices that wake other servers
+when work is queued or finished (`notices.py`).
 """

@@ -4,6 +4,7 @@ they are published. A dead server's lease expires and another server takes the w
 
 A request for layers that a running capture does not cover is kept (`more`) and queued when it ends,
 so single-flight holds across servers: asking two servers for the same missing layer computes it once.
+Each change that queues or finishes work sends a `Notice`, which wakes every server's waiters.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, and_, or_, select
+from sqlalchemy import ColumnElement, Connection, Row, and_, or_, select
 
 from cache_server.coordination.database import Database, max_seq
+from cache_server.coordination.notices import Notice
 from cache_server.coordination.tables import CAPTURES
 
 
@@ -60,18 +63,27 @@ class CaptureQueue:
         """Ask for the layers of each prompt, in one transaction: queued, unless a queued or running capture
         covers them; a failed prompt stays failed unless `retry_failed` (a re-registration). Each
         prompt's state after it."""
-        with self.db.transaction() as c:
-            rows = {r.prompt_id: r for r in c.execute(select(CAPTURES).where(
-                CAPTURES.c.namespace == self.namespace, CAPTURES.c.prompt_id.in_(list(wanted))))}  # fmt: skip
+        queued = False
+        with self.db.transaction(ordered=True) as c:
+            mine = and_(CAPTURES.c.namespace == self.namespace, CAPTURES.c.prompt_id.in_(list(wanted)))
+            rows = {r.prompt_id: r for r in c.execute(select(CAPTURES).where(mine).with_for_update())}
             seq = max_seq(c, CAPTURES.c.seq, CAPTURES.c.namespace == self.namespace)
             for prompt_id, asked in wanted.items():
                 layers, row = sorted(set(asked)), rows.get(prompt_id)
                 if row is None:
-                    seq += 1
-                    c.execute(CAPTURES.insert().values(
-                        namespace=self.namespace, prompt_id=prompt_id, seq=seq, status="queued",
-                        layers=json.dumps(layers), more="[]", attempts=0, published=False,
-                    ))  # fmt: skip
+                    seq, queued = seq + 1, True
+                    c.execute(
+                        CAPTURES.insert().values(
+                            namespace=self.namespace,
+                            prompt_id=prompt_id,
+                            seq=seq,
+                            status="queued",
+                            layers=json.dumps(layers),
+                            more="[]",
+                            attempts=0,
+                            published=False,
+                        )
+                    )
                 elif row.status == "failed" and not retry_failed:
                     pass
                 elif row.status == "running":
@@ -80,31 +92,56 @@ class CaptureQueue:
                 elif row.status == "queued":
                     self._update(c, prompt_id, layers=json.dumps(sorted(set(json.loads(row.layers)) | set(layers))))
                 elif layers:  # done (or a failure retried): a new capture
-                    seq += 1
-                    self._update(c, prompt_id, status="queued", layers=json.dumps(layers), more="[]", error=None,
-                                 attempts=0, owner=None, lease_expires_at=None, seq=seq)  # fmt: skip
+                    seq, queued = seq + 1, True
+                    self._update(
+                        c,
+                        prompt_id,
+                        status="queued",
+                        layers=json.dumps(layers),
+                        more="[]",
+                        error=None,
+                        attempts=0,
+                        owner=None,
+                        lease_expires_at=None,
+                        seq=seq,
+                    )
+            if queued:
+                self.db.notices.send(c, Notice("queued", self.namespace))
             return {p: self._state(c, p) for p in wanted}  # type: ignore[misc]  # each exists now
 
     def claim(self) -> Claimed | None:
-        """The oldest queued capture, or a running one whose lease expired, now held by this server."""
+        """The oldest queued capture, or a running one whose lease expired, now held by this server.
+        An idle server's poll is a lock-free read; on Postgres, servers claim in parallel (`SKIP LOCKED`)."""
         now = self._now()
+        claimable = select(CAPTURES).where(
+            CAPTURES.c.namespace == self.namespace,
+            or_(
+                CAPTURES.c.status == "queued", and_(CAPTURES.c.status == "running", CAPTURES.c.lease_expires_at <= now)
+            ),
+        )
+        with self.db.read() as c:
+            if c.execute(claimable.limit(1)).first() is None:
+                return None
         with self.db.transaction() as c:
-            expired = and_(CAPTURES.c.status == "running", CAPTURES.c.lease_expires_at <= now)
-            row = c.execute(
-                select(CAPTURES)
-                .where(CAPTURES.c.namespace == self.namespace, or_(CAPTURES.c.status == "queued", expired))
-                .order_by(CAPTURES.c.seq)
-                .limit(1)
-            ).first()
+            row = c.execute(claimable.order_by(CAPTURES.c.seq).limit(1).with_for_update(skip_locked=True)).first()
             if row is None:
                 return None
             if row.attempts >= self.max_attempts:  # it took down every server that ran it
                 error = f"given up after {row.attempts} attempts whose leases expired (last: {row.owner})"
                 self._update(c, row.prompt_id, status="failed", error=error, owner=None, lease_expires_at=None)
+                self.db.notices.send(c, Notice("finished", self.namespace, row.prompt_id))
                 return None
             layers = sorted(set(json.loads(row.layers)) | set(json.loads(row.more)))
-            self._update(c, row.prompt_id, status="running", owner=self.owner, lease_expires_at=now + self.lease_s,
-                         attempts=row.attempts + 1, layers=json.dumps(layers), more="[]")  # fmt: skip
+            self._update(
+                c,
+                row.prompt_id,
+                status="running",
+                owner=self.owner,
+                lease_expires_at=now + self.lease_s,
+                attempts=row.attempts + 1,
+                layers=json.dumps(layers),
+                more="[]",
+            )
             return Claimed(row.prompt_id, tuple(layers), row.attempts + 1)
 
     def renew(self, prompt_ids: Iterable[str]) -> None:
@@ -123,13 +160,24 @@ class CaptureQueue:
         """The held capture is published: done, or queued again for what was asked meanwhile.
         False if this server no longer held it (its lease was taken over)."""
         with self.db.transaction() as c:
-            row = self._row(c, prompt_id)
+            row = self._row(c, prompt_id, lock=True)
             if row is None or row.status != "running" or row.owner != self.owner:
                 return False
             more = json.loads(row.more)
-            status = "queued" if more else "done"
-            self._update(c, prompt_id, status=status, layers=json.dumps(more), more="[]", owner=None,
-                         lease_expires_at=None, attempts=0, published=True)  # fmt: skip
+            self._update(
+                c,
+                prompt_id,
+                status="queued" if more else "done",
+                layers=json.dumps(more),
+                more="[]",
+                owner=None,
+                lease_expires_at=None,
+                attempts=0,
+                published=True,
+            )
+            self.db.notices.send(c, Notice("finished", self.namespace, prompt_id))
+            if more:
+                self.db.notices.send(c, Notice("queued", self.namespace))
             return True
 
     def fail(self, prompt_id: str, error: str) -> None:
@@ -140,6 +188,7 @@ class CaptureQueue:
                 .where(self._mine(), CAPTURES.c.prompt_id == prompt_id)
                 .values(status="failed", error=error, owner=None, lease_expires_at=None)
             )
+            self.db.notices.send(c, Notice("finished", self.namespace, prompt_id))
 
     def release(self, prompt_ids: Iterable[str]) -> None:
         """Give held captures back (on shutdown), so that another server takes them at once."""
@@ -151,29 +200,28 @@ class CaptureQueue:
                     .where(self._mine(), CAPTURES.c.prompt_id.in_(ids))
                     .values(status="queued", owner=None, lease_expires_at=None, attempts=CAPTURES.c.attempts - 1)
                 )
+                self.db.notices.send(c, Notice("queued", self.namespace))
 
     def state(self, prompt_id: str) -> CaptureState | None:
         """One prompt's capture state, or None if it never needed the target."""
-        with self.db.transaction() as c:
+        with self.db.read() as c:
             return self._state(c, prompt_id)
 
     def states(self) -> dict[str, CaptureState]:
         """Every prompt's capture state (one query, for listings)."""
-        with self.db.transaction() as c:
-            rows = c.execute(
-                select(CAPTURES.c.prompt_id, CAPTURES.c.status, CAPTURES.c.owner, CAPTURES.c.error,
-                       CAPTURES.c.published).where(CAPTURES.c.namespace == self.namespace)
-            )  # fmt: skip
+        columns = (CAPTURES.c[n] for n in ("prompt_id", "status", "owner", "error", "published"))
+        with self.db.read() as c:
+            rows = c.execute(select(*columns).where(CAPTURES.c.namespace == self.namespace))
             return {r.prompt_id: CaptureState(r.status, r.owner, r.error, bool(r.published)) for r in rows}
 
     def _mine(self) -> ColumnElement[bool]:
-        return and_(CAPTURES.c.namespace == self.namespace, CAPTURES.c.status == "running",
-                    CAPTURES.c.owner == self.owner)  # fmt: skip
+        return and_(
+            CAPTURES.c.namespace == self.namespace, CAPTURES.c.status == "running", CAPTURES.c.owner == self.owner
+        )
 
-    def _row(self, c: Connection, prompt_id: str):  # type: ignore[no-untyped-def]
-        return c.execute(
-            select(CAPTURES).where(CAPTURES.c.namespace == self.namespace, CAPTURES.c.prompt_id == prompt_id)
-        ).first()
+    def _row(self, c: Connection, prompt_id: str, *, lock: bool = False) -> Row[Any] | None:
+        query = select(CAPTURES).where(CAPTURES.c.namespace == self.namespace, CAPTURES.c.prompt_id == prompt_id)
+        return c.execute(query.with_for_update() if lock else query).first()
 
     def _state(self, c: Connection, prompt_id: str) -> CaptureState | None:
         row = self._row(c, prompt_id)

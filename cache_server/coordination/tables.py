@@ -1,12 +1,18 @@
-"""The coordination tables of the prompt side, per store namespace (a target's fingerprint):
-registrations, prompt-set membership and capture work. Each has a `seq` in insertion order, so a
-server catches up with what others added by reading only the rows after the last one it saw."""
+"""Every coordination table, declared here and nowhere else, so that every server creates the same
+schema whatever it imports: per store namespace (a target's fingerprint) the registrations,
+prompt-set membership and capture work; the evaluation jobs; and the schema's version.
+
+The prompt-side tables have a `seq` in insertion order, so a server catches up with what others
+added by reading only the rows after the last one it saw."""
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Column, Float, Index, Integer, Table, Text
+from sqlalchemy import Boolean, CheckConstraint, Column, Float, Index, Integer, MetaData, Table, Text
 
-from cache_server.coordination.database import METADATA
+METADATA = MetaData()
+
+# One row: the version of this schema the database holds (`schema.py` brings older ones up to date).
+SCHEMA_VERSION_TABLE = Table("schema_version", METADATA, Column("version", Integer, nullable=False))
 
 REGISTRATIONS = Table(
     "registrations",
@@ -44,4 +50,37 @@ CAPTURES = Table(
     Column("error", Text),
     Column("published", Boolean, nullable=False),  # some capture of it was published: the prompt is ready
     Index("captures_by_status", "namespace", "status", "seq"),
+)
+
+# Checkpoint evaluation jobs, one row each, with the report stored once when done.
+JOBS = Table(
+    "jobs",
+    METADATA,
+    Column("job_id", Text, primary_key=True),
+    Column("seq", Integer),  # submission order: 1 + the largest so far, inside the submitting transaction
+    Column("status", Text, CheckConstraint("status IN ('queued', 'running', 'done', 'failed')"), nullable=False),
+    Column("checkpoint", Text, nullable=False),
+    Column("checkpoint_relative", Text, nullable=False),
+    Column("prompts", Text, nullable=False),  # JSON: "all" or a list of prompt ids
+    Column("tree_budgets", Text, nullable=False),  # JSON list
+    Column("target_layer_ids", Text),  # JSON list or NULL
+    Column("block_size", Integer),
+    Column("steps", Integer),  # EAGLE-3 chain length or NULL
+    Column("eagle_trees", Text, nullable=False, server_default="[]"),  # JSON list of "TOPK,DEPTH,TOTAL"
+    Column("layer_convention", Text),
+    Column("sets", Text, nullable=False, server_default="[]"),  # JSON list of prompt set names
+    Column("target_fingerprint", Text),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("max_attempts", Integer, nullable=False),
+    Column("worker", Text),
+    Column("lease", Text),
+    Column("lease_s", Float),
+    Column("created_at", Float, nullable=False),
+    Column("started_at", Float),
+    Column("finished_at", Float),
+    Column("lease_expires_at", Float),
+    Column("error", Text),
+    Column("report", Text),  # EvalReport JSON, set once when done
+    Index("jobs_by_status", "status"),
+    Index("jobs_claim_order", "status", "seq"),  # claims and listings: oldest of a status first
 )

@@ -1,8 +1,9 @@
 """Checkpoint evaluation jobs in the coordination database: submit, claim under a lease, finish.
 
-Every state change runs in one serialized transaction (`Database.transaction`), so two claimers never
-get the same job and a job stores exactly one report: a worker whose lease was taken over cannot
-complete it. Any number of servers may share the database (SQLite on one node, Postgres on many).
+Every change locks the rows it reads (`SELECT ... FOR UPDATE`, claims `SKIP LOCKED`; SQLite
+serializes its writes), so two claimers never get the same job and a job stores exactly one report: a
+worker whose lease was taken over cannot complete it. Reads are lock-free snapshots. Any number of
+servers may share the database (SQLite on one node, Postgres on many).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from typing import Any
 from sqlalchemy import Connection, Text, and_, cast, func, literal, or_, select
 
 from cache_server.coordination.database import Database, max_seq
+from cache_server.coordination.tables import JOBS
 from cache_server.errors import JobFailed, JobNotFound, JobRunning, LeaseLost, ReportNotReady
-from cache_server.jobs.rows import JOBS, MIGRATIONS, SCHEMA_VERSION, STATE_COLUMNS, job_state
+from cache_server.jobs.rows import STATE_COLUMNS, job_state
 from schemas.jobs import JobPage, JobState, JobStatus, JobSubmit
 
 Row = Mapping[Any, Any]
@@ -48,21 +50,6 @@ class JobStore:
         self.db = Database(str(db)) if not isinstance(db, Database) else db
         self.max_attempts = max_attempts
         self._now = now
-        if self.db.dialect == "sqlite":
-            self._migrate_sqlite()
-
-    def _migrate_sqlite(self) -> None:
-        """Bring a job database written by an older server to SCHEMA_VERSION, in one transaction."""
-        with self.db.transaction() as c:
-            version = c.exec_driver_sql("PRAGMA user_version").scalar_one()
-            if version not in (0, *MIGRATIONS, SCHEMA_VERSION):
-                raise RuntimeError(
-                    f"{self.db.location} has job schema version {version}; this server knows {SCHEMA_VERSION}"
-                )
-            for old in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
-                for statement in MIGRATIONS[old]:
-                    c.exec_driver_sql(statement)
-            c.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         """Close the database if this store opened it."""
@@ -74,7 +61,7 @@ class JobStore:
     def submit(self, spec: JobSubmit, *, checkpoint_relative: str, target_fingerprint: str | None = None) -> JobState:
         """Queue a job; `spec.checkpoint` must already be the resolved path the worker will open."""
         job_id = uuid.uuid4().hex
-        with self.db.transaction() as c:
+        with self.db.transaction(ordered=True) as c:
             seq = max_seq(c, JOBS.c.seq) + 1
             c.execute(
                 JOBS.insert().values(
@@ -100,32 +87,32 @@ class JobStore:
 
     def get(self, job_id: str) -> JobState:
         """One job's state; JobNotFound if there is none."""
-        with self.db.transaction() as c:
-            self._fail_exhausted(c)
+        self._settle_exhausted()
+        with self.db.read() as c:
             return self._get(c, job_id)
 
     def page(self, offset: int = 0, limit: int = 100, status: JobStatus | None = None) -> JobPage:
         """Jobs in submission order."""
         where = JOBS.c.status == status.value if status is not None else literal(True)
-        with self.db.transaction() as c:
-            self._fail_exhausted(c)
+        self._settle_exhausted()
+        with self.db.read() as c:
             total = c.execute(select(func.count()).select_from(JOBS).where(where)).scalar_one()
             rows = c.execute(select(*STATE_COLUMNS).where(where).order_by(JOBS.c.seq).limit(limit).offset(offset))
             jobs = [job_state(r._mapping) for r in rows]
         return JobPage(jobs=jobs, total=total, offset=offset, limit=limit)
 
     def delete(self, job_id: str) -> None:
-        """Remove a job that is not running, with its report (one transaction: no claim slips in)."""
+        """Remove a job that is not running, with its report (its row locked: no claim slips in)."""
+        self._settle_exhausted()
         with self.db.transaction() as c:
-            self._fail_exhausted(c)
-            if self._row(c, job_id, JOBS.c.status)["status"] == JobStatus.running:
+            if self._row(c, job_id, JOBS.c.status, lock=True)["status"] == JobStatus.running:
                 raise JobRunning(f"job {job_id} is running; it can be deleted once it is done or failed")
             c.execute(JOBS.delete().where(JOBS.c.job_id == job_id))
 
     def done_reports(self, offset: int = 0, limit: int = 100) -> tuple[list[tuple[JobState, str]], int]:
         """Done jobs in submission order with their EvalReport JSON, and how many are done in all."""
         done = JOBS.c.status == "done"
-        with self.db.transaction() as c:
+        with self.db.read() as c:
             total = c.execute(select(func.count()).select_from(JOBS).where(done)).scalar_one()
             rows = c.execute(
                 select(*STATE_COLUMNS, JOBS.c.report).where(done).order_by(JOBS.c.seq).limit(limit).offset(offset)
@@ -134,8 +121,8 @@ class JobStore:
 
     def report(self, job_id: str) -> str:
         """The stored EvalReport JSON of a done job."""
-        with self.db.transaction() as c:
-            self._fail_exhausted(c)
+        self._settle_exhausted()
+        with self.db.read() as c:
             row = self._row(c, job_id, JOBS.c.status, JOBS.c.attempts, JOBS.c.max_attempts, JOBS.c.error, JOBS.c.report)
         if row["status"] == JobStatus.done:
             return str(row["report"])
@@ -150,15 +137,19 @@ class JobStore:
 
     def claim(self, worker: str, lease_s: float) -> Leased | None:
         """The oldest queued job, or running one whose lease expired, now leased to `worker`."""
+        self._settle_exhausted()
         now = self._now()
+        claimable = or_(JOBS.c.status == "queued", and_(JOBS.c.status == "running", JOBS.c.lease_expires_at <= now))
+        with self.db.read() as c:  # an idle worker's poll takes no lock
+            if c.execute(select(JOBS.c.job_id).where(claimable).limit(1)).first() is None:
+                return None
         with self.db.transaction() as c:
-            self._fail_exhausted(c)
-            claimable = or_(JOBS.c.status == "queued", and_(JOBS.c.status == "running", JOBS.c.lease_expires_at <= now))
             row = c.execute(
                 select(JOBS.c.job_id, JOBS.c.status, JOBS.c.worker, JOBS.c.attempts)
                 .where(claimable)
                 .order_by(JOBS.c.seq)
                 .limit(1)
+                .with_for_update(skip_locked=True)
             ).first()
             if row is None:
                 return None
@@ -176,9 +167,9 @@ class JobStore:
 
     def renew(self, job_id: str, lease: str, lease_s: float | None = None) -> JobState:
         """Extend a held lease by `lease_s` (default: the claim's) from now."""
+        self._settle_exhausted()
         now = self._now()
         with self.db.transaction() as c:
-            self._fail_exhausted(c)
             held = self._held(c, job_id, lease)
             seconds = lease_s if lease_s is not None else float(held["lease_s"])
             c.execute(
@@ -188,8 +179,8 @@ class JobStore:
 
     def complete(self, job_id: str, lease: str, report_json: str) -> JobState:
         """Store the one report of the job and mark it done; LeaseLost (report dropped) otherwise."""
+        self._settle_exhausted()
         with self.db.transaction() as c:
-            self._fail_exhausted(c)
             self._held(c, job_id, lease)
             c.execute(
                 JOBS.update()
@@ -201,8 +192,8 @@ class JobStore:
 
     def fail(self, job_id: str, lease: str, error: str, *, retryable: bool) -> JobState:
         """Give a held job back: queued again if retryable with attempts left, else failed."""
+        self._settle_exhausted()
         with self.db.transaction() as c:
-            self._fail_exhausted(c)
             held = self._held(c, job_id, lease)
             attempts, most = held["attempts"], held["max_attempts"]
             if retryable and attempts < most:
@@ -223,21 +214,30 @@ class JobStore:
 
     # -- helpers (inside a transaction) ---------------------------------------------------------
 
-    def _fail_exhausted(self, c: Connection) -> None:
-        """A running job whose lease expired on its last attempt has failed."""
+    def _settle_exhausted(self) -> None:
+        """A running job whose lease expired on its last attempt has failed: say so before any read or
+        change (a lock-free look; a write, serialized, only when there is one)."""
         now = self._now()
+        exhausted = and_(
+            JOBS.c.status == "running", JOBS.c.lease_expires_at <= now, JOBS.c.attempts >= JOBS.c.max_attempts
+        )
+        with self.db.read() as c:
+            if c.execute(select(JOBS.c.job_id).where(exhausted).limit(1)).first() is None:
+                return
         worker = func.coalesce(JOBS.c.worker, "?")
         error = (
             literal("lease expired on worker ", Text) + worker + " after " + cast(JOBS.c.attempts, Text) + " attempts"
         )
-        c.execute(
-            JOBS.update()
-            .where(JOBS.c.status == "running", JOBS.c.lease_expires_at <= now, JOBS.c.attempts >= JOBS.c.max_attempts)
-            .values(status="failed", finished_at=now, lease=None, lease_expires_at=None, error=error)
-        )
+        with self.db.transaction(ordered=True) as c:
+            c.execute(
+                JOBS.update()
+                .where(exhausted)
+                .values(status="failed", finished_at=now, lease=None, lease_expires_at=None, error=error)
+            )
 
-    def _row(self, c: Connection, job_id: str, *columns: Any) -> Row:
-        row = c.execute(select(*columns).where(JOBS.c.job_id == job_id)).first()
+    def _row(self, c: Connection, job_id: str, *columns: Any, lock: bool = False) -> Row:
+        query = select(*columns).where(JOBS.c.job_id == job_id)
+        row = c.execute(query.with_for_update() if lock else query).first()
         if row is None:
             raise JobNotFound(f"no job {job_id!r}")
         return row._mapping
@@ -248,7 +248,7 @@ class JobStore:
     def _held(self, c: Connection, job_id: str, lease: str) -> Row:
         """The job's row if `lease` is its current lease (expired but not yet taken over counts)."""
         cols = ("status", "lease", "lease_s", "worker", "attempts", "max_attempts")
-        row = self._row(c, job_id, *(JOBS.c[n] for n in cols))
+        row = self._row(c, job_id, *(JOBS.c[n] for n in cols), lock=True)
         if row["status"] == JobStatus.running and row["lease"] is not None:
             if secrets.compare_digest(str(row["lease"]).encode(), lease.encode()):
                 return row

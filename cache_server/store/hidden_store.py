@@ -11,7 +11,6 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -28,9 +27,12 @@ from cache_server.store.manifest import (
     StoreCorrupt,
     StoreInputError,
     check_name,
+    first_manifest,
     layer_id,
     parse_manifest,
     token_sha256,
+    with_layers,
+    without_layers,
 )
 from cache_server.store.ram_cache import RamCache
 from cache_server.store.reader import READ_ERRORS, EncodedPiece, LayerRead, LayerReader
@@ -74,8 +76,13 @@ class HiddenStore:
         self._dtype_name = dtype_name(dtype)
         self._storage_dtype = chunks.storage_dtype(self._dtype_name)
         self._prompts = f"{fingerprint}/prompts"
-        namespace = {"fingerprint": fingerprint, "model_name": model_name, "dtype": self._dtype_name,
-                     "hidden_size": hidden_size, "layer_convention": LAYER_CONVENTION}  # fmt: skip
+        identity: dict[str, Any] = {"model_name": model_name, "dtype": self._dtype_name, "hidden_size": hidden_size}
+        self._identity: dict[str, Any] = {
+            **identity,
+            "fingerprint": fingerprint,
+            "codec": chunks.describe(self._storage_dtype.itemsize),
+        }
+        namespace = {**identity, "fingerprint": fingerprint, "layer_convention": LAYER_CONVENTION}
         hierarchy.ensure_group(self.blobs, fingerprint, {"hidden_state_cache": namespace})
         hierarchy.ensure_group(self.blobs, self._prompts)
         self._manifests: dict[str, PromptManifest] = {}
@@ -176,7 +183,20 @@ class HiddenStore:
                     return old
             base = f"{self._prompts}/{prompt_id}"
             crc32 = publish.put_prompt(self.blobs, self._writers, base, data, ids if old is None else None)
-            return self._publish(prompt_id, old, ids, prompt_len, crc32, (greedy_mismatches, generator))
+            if old is not None:
+                return self._publish(with_layers(old, crc32), new=False)
+            new = first_manifest(prompt_id, ids, prompt_len, crc32, greedy_mismatches, generator, **self._identity)
+            return self._publish(new, new=True)
+
+    def forget_layers(self, prompt_id: str, layers: Sequence[int]) -> None:
+        """Stop serving `layers` of a published prompt (their files do not decode): its manifest is
+        published again without them, so the next request for them captures them again."""
+        with self._prompt_lock(prompt_id):
+            old = self.manifest(prompt_id, fresh=True)
+            if old is None or not set(layers) & set(old.layers):
+                return
+            self._reader.forget(prompt_id, layers)
+            self._publish(without_layers(old, layers), new=False)
 
     def read_into(
         self,
@@ -262,33 +282,11 @@ class HiddenStore:
             raise PromptNotStored(f"prompt {prompt_id!r} is not stored for model {self.fingerprint}")
         return m
 
-    def _publish(
-        self,
-        prompt_id: str,
-        old: PromptManifest | None,
-        ids: np.ndarray,
-        prompt_len: int,
-        new_layers: dict[int, int],
-        response: tuple[int | None, GeneratorInfo | None],
-    ) -> PromptManifest:
-        """Write the manifest (new layers -> the crc32 of their zarr.json; `response`: a new prompt's
-        greedy mismatches and generator), the last step."""
-        if old is not None:
-            crc32 = {**(old.layer_crc32 or {}), **new_layers}
-            m = old.model_copy(update={"layers": tuple(sorted({*new_layers, *old.layers})), "layer_crc32": crc32})
-        else:
-            m = PromptManifest(
-                prompt_id=prompt_id, model_fingerprint=self.fingerprint, model_name=self.model_name,
-                dtype=self._dtype_name,  # type: ignore[arg-type]  # checked in __init__
-                layers=tuple(sorted(new_layers)), prompt_len=prompt_len, num_tokens=len(ids),
-                hidden_size=self.hidden_size, token_sha256=token_sha256(ids),
-                codec=chunks.describe(self._storage_dtype.itemsize), created_at=datetime.now(UTC).isoformat(),
-                greedy_mismatches=response[0], generator=response[1], layer_crc32=dict(sorted(new_layers.items())),
-            )  # fmt: skip
-        manifest = m.model_dump(mode="json")
-        hierarchy.publish_manifest(self.blobs, f"{self._prompts}/{prompt_id}", manifest, new=old is None)
+    def _publish(self, m: PromptManifest, *, new: bool) -> PromptManifest:
+        """Write the manifest, the last step: before it, readers see nothing new."""
+        hierarchy.publish_manifest(self.blobs, f"{self._prompts}/{m.prompt_id}", m.model_dump(mode="json"), new=new)
         with self._guard:
-            self._manifests[prompt_id] = m
+            self._manifests[m.prompt_id] = m
         return m
 
     @contextmanager

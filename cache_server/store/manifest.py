@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -45,7 +46,12 @@ class LayersNotStored(StoreError):
 
 
 class StoreCorrupt(StoreError):
-    """A published prompt whose files don't match its manifest."""
+    """A published prompt whose files don't match its manifest; `layers`: the layers whose files are
+    bad, when only they are (the prompt's token ids and manifest are sound)."""
+
+    def __init__(self, message: str, layers: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.layers = tuple(layers)
 
 
 class PromptManifest(BaseModel):
@@ -73,6 +79,51 @@ class PromptManifest(BaseModel):
     # check both, so a layer overwritten after publishing is an error, never served (None: a prompt
     # published before checksums).
     layer_crc32: dict[int, int] | None = None
+
+
+def first_manifest(
+    prompt_id: str,
+    token_ids: np.ndarray,
+    prompt_len: int,
+    crc32: dict[int, int],
+    greedy_mismatches: int | None,
+    generator: GeneratorInfo | None,
+    *,
+    fingerprint: str,
+    model_name: str,
+    dtype: str,
+    hidden_size: int,
+    codec: str,
+) -> PromptManifest:
+    """The manifest of a prompt's first write: its layers (layer -> the crc32 of its zarr.json)."""
+    return PromptManifest(
+        prompt_id=prompt_id,
+        model_fingerprint=fingerprint,
+        model_name=model_name,
+        dtype=dtype,  # type: ignore[arg-type]  # the store checked it
+        layers=tuple(sorted(crc32)),
+        prompt_len=prompt_len,
+        num_tokens=len(token_ids),
+        hidden_size=hidden_size,
+        token_sha256=token_sha256(token_ids),
+        codec=codec,
+        created_at=datetime.now(UTC).isoformat(),
+        greedy_mismatches=greedy_mismatches,
+        generator=generator,
+        layer_crc32=dict(sorted(crc32.items())),
+    )
+
+
+def with_layers(m: PromptManifest, crc32: dict[int, int]) -> PromptManifest:
+    """`m` holding the layers of `crc32` too (layer -> the crc32 of its zarr.json)."""
+    merged = {**(m.layer_crc32 or {}), **crc32}
+    return m.model_copy(update={"layers": tuple(sorted({*crc32, *m.layers})), "layer_crc32": merged})
+
+
+def without_layers(m: PromptManifest, layers: Sequence[int]) -> PromptManifest:
+    """`m` no longer holding `layers` (their files are left for a later write to replace)."""
+    crc32 = {k: v for k, v in m.layer_crc32.items() if k not in layers} if m.layer_crc32 is not None else None
+    return m.model_copy(update={"layers": tuple(k for k in m.layers if k not in layers), "layer_crc32": crc32})
 
 
 def token_sha256(token_ids: np.ndarray) -> str:

@@ -117,6 +117,12 @@ class LayerReader:
         wait(futures)  # all of them, before any error is raised
         return [None if plan is None else [(at, n, *f.result()) for at, n, f in plan] for plan in plans]
 
+    def forget(self, prompt_id: str, layers: Sequence[int]) -> None:
+        """Drop what is known of these layers' arrays (they are about to be written again)."""
+        with self._guard:
+            for k in layers:
+                self._arrays.pop((prompt_id, k), None)
+
     def _layer_key(self, prompt_id: str, layer: int) -> str:
         return f"{self._prompts}/{prompt_id}/layers/{layer}"
 
@@ -153,7 +159,7 @@ class LayerReader:
                 )
             found = blosc_reader.blosc_chunks(md, self._blobs, array)
         except READ_ERRORS as e:
-            raise StoreCorrupt(f"prompt {prompt_id!r} layer {layer}: {e}") from e
+            raise StoreCorrupt(f"prompt {prompt_id!r} layer {layer}: {e}", [layer]) from e
         return found if found is not None else self.open(prompt_id, f"layers/{layer}")
 
 
@@ -166,11 +172,11 @@ def _encoded_guarded(prompt_id: str, layer: int, blosc: blosc_reader.BloscChunks
     try:
         return blosc_reader.ChunkReader.encoded(blosc, chunk, lo, hi)
     except READ_ERRORS as e:
-        raise StoreCorrupt(f"prompt {prompt_id!r} layer {layer}: {e}") from e
+        raise StoreCorrupt(f"prompt {prompt_id!r} layer {layer}: {e}", [layer]) from e
 
 
 def _read_guarded(prompt_id: str, layer: int, read: Callable[[], None]) -> None:
     try:
         read()
     except READ_ERRORS as e:
-        raise StoreCorrupt(f"prompt {prompt_id!r} layer {layer}: {e}") from e
+        raise StoreCorrupt(f"prompt {prompt_id!r} layer {layer}: {e}", [layer]) from e

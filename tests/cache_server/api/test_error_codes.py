@@ -158,8 +158,15 @@ CASES: dict[ErrorCode, tuple[Callable[[CacheClient], Any], type[ApiError]]] = {
     ErrorCode.internal_error: (lambda c: c.heads(), ServerError),
 }  # fmt: skip
 # Reached only through their own servers or requests below, or not sendable by this server at all.
-# server_unhealthy: tests/cache_server/compute/test_health.py (a dead loop would end this module's server).
-ELSEWHERE = {ErrorCode.unauthorized, ErrorCode.jobs_disabled, ErrorCode.http_error, ErrorCode.server_unhealthy}
+# server_unhealthy: tests/cache_server/compute/test_health.py (a dead loop would end this module's server);
+# stored_data_corrupt: tests/cache_server/api/test_stored_data_corrupt.py (it corrupts a store's files).
+ELSEWHERE = {
+    ErrorCode.unauthorized,
+    ErrorCode.jobs_disabled,
+    ErrorCode.http_error,
+    ErrorCode.server_unhealthy,
+    ErrorCode.stored_data_corrupt,
+}
 
 
 def test_every_code_is_exercised_and_mapped() -> None:

@@ -1,9 +1,12 @@
 """`/healthz` means it: 503 `server_unhealthy` once the compute loop is dead or the coordination
-database has been away past `--unhealthy-after-s`, 200 again once it is back, and nothing lost."""
+database has been away past `--unhealthy-after-s` (Postgres stopped, SQLite locked by another
+process), 200 again once it is back, and nothing lost."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -72,10 +75,45 @@ def test_the_database_away_and_back(tiny_target: Path, tmp_path: Path) -> None:
             cluster.stop()
             r, took = _wait_status(client, 503, within_s=bound + 5)
             message = r.json()["error"]["message"]
-            assert message.startswith("the compute loop has failed for") and "OperationalError" in message
+            assert "loop has failed for" in message and "OperationalError" in message
             cluster.start()
             _, back = _wait_status(client, 200, within_s=15)  # the next round after its backoff
             register_ready(client, [{"token_ids": [8, 9, 10]}])  # and it computes again
     finally:
         cluster.remove()
     print(f"503 {took:.1f} s after the database stopped (bound {bound} s), 200 {back:.1f} s after it returned")
+
+
+# Another process takes SQLite's write lock: a server that died while holding a capture, then a
+# process that keeps the database locked. Released by a line on its stdin.
+_LOCKER = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("UPDATE captures SET status = 'running', owner = 'gone', lease_expires_at = ?", (time.time() + 2,))
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+db.execute("ROLLBACK")
+"""
+
+
+def test_a_sqlite_database_locked_and_released(tiny_target: Path, tmp_path: Path) -> None:
+    bound = 1.0
+    settings = serve_settings(tiny_target, tmp_path / "store", unhealthy_after_s=bound, db_lock_timeout_s=1.0)
+    with TestClient(create_app(settings)) as client:
+        (pid,) = register_ready(client, [{"token_ids": [5, 6, 7]}])
+        db = tmp_path / "store" / "jobs.sqlite"
+        locker = subprocess.Popen(
+            [sys.executable, "-c", _LOCKER, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert locker.stdout is not None and locker.stdout.readline() == "locked\n"
+            # Its lease expires after 2 s; taking the capture over then waits 1 s for the lock and fails.
+            r, took = _wait_status(client, 503, within_s=2 + bound + 8)
+            message = r.json()["error"]["message"]
+            assert message.startswith("the compute loop has failed for") and "database is locked" in message
+        finally:
+            locker.communicate("\n", timeout=10)
+        _, back = _wait_status(client, 200, within_s=15)
+        assert client.get(f"/prompts/{pid}").json()["status"] == "ready"  # taken over and closed: published
+    print(f"503 {took:.1f} s after the database was locked, 200 {back:.1f} s after it was released")

@@ -17,7 +17,7 @@ PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 def test_the_postgres_driver_is_its_own_extra() -> None:
     extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
     assert not any(r.startswith("psycopg") for r in extras["server"])
-    assert extras["postgres"] == ["psycopg[binary]>=3.1"]
+    assert extras["postgres"] == ["psycopg[binary]>=3.2"]
 
 
 def test_a_postgres_url_without_its_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
