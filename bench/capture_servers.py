@@ -23,10 +23,10 @@ from pathlib import Path
 
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
-from tests.support.fleet import Fleet
-from tests.support.postgres import fresh_database, postgres_server
-from tests.support.s3 import aws_environment, fresh_prefix, moto_server
-from tests.support.servers import server_metric
+from testing.fleet import Fleet
+from testing.postgres import fresh_database, postgres_server
+from testing.s3 import aws_environment, fresh_prefix, moto_server
+from testing.servers import server_metric
 
 
 def run(args: argparse.Namespace) -> None:

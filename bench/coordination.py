@@ -25,7 +25,7 @@ import uuid
 from io import BytesIO
 from pathlib import Path
 
-from tests.support.postgres import fresh_database, postgres_server
+from testing.postgres import fresh_database, postgres_server
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = ROOT / "bench" / "coordination_fleet.py"

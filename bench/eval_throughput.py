@@ -30,20 +30,23 @@ from bench.flop_model import published_table
 from cache_server.capture.tiny_model import SPARE_ROWS, build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.checkpoints.layer_ids import default_layer_ids
-from eval_worker.checkpoints.loading import LoadedCheckpoint, load_checkpoint
-from eval_worker.drafters.model import DFlashDrafter
-from eval_worker.evaluation.evaluate import EvalOptions, evaluate
+from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loading import load_checkpoint
+from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.evaluation.dflash_walks import CHAIN, walk_prompts
+from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.feature_cache import FeatureCache
 from eval_worker.evaluation.heads_cache import HeadsCache
+from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.sweep import evaluate_checkpoints
-from eval_worker.evaluation.walks import CHAIN, DraftCost, PromptFeatures, walk_prompts
+from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
 from eval_worker.settings import EvaluateSettings
 from schemas.report import EvalReport
-from tests.support.all_anchor import all_anchor_taus
-from tests.support.checkpoints import save_torch_checkpoint
-from tests.support.servers import HIDDEN_REQUESTS, running_server, server_metric
-from tests.support.taps import target_forward
-from tests.support.tiny_trainer import Sequences, TinyTrainer, tiny_drafter_config
+from testing.all_anchor import all_anchor_taus
+from testing.checkpoints import save_torch_checkpoint
+from testing.servers import HIDDEN_REQUESTS, running_server, server_metric
+from testing.taps import target_forward
+from testing.tiny_trainer import Sequences, TinyTrainer, tiny_drafter_config
 
 R = TypeVar("R")
 Taus = list[dict[int, list[int]]]
@@ -130,8 +133,10 @@ def per_checkpoint(
     cost = warm_report.summary.cost
     assert cost is not None
     s = warm_report.summary
-    print(f"chain tau {s.chain.mean_tau:.3f}, DDTree-{args.tree_budget} tau {s.trees[args.tree_budget].mean_tau:.3f}; "
-          f"{rounds} rounds over both walks; per-round taus identical on all four paths")  # fmt: skip
+    print(
+        f"chain tau {s.chain.mean_tau:.3f}, DDTree-{args.tree_budget} tau {s.trees[args.tree_budget].mean_tau:.3f}; "
+        f"{rounds} rounds over both walks; per-round taus identical on all four paths"
+    )
     print(f"{'per checkpoint':<42} {'wall s':>8} {'vs warm':>8} {'drafted blocks':>15} {'lm_head rows':>13}")
     rows = [
         ("all-anchor (features in memory)", t_all, anchors, anchors * (args.block_size - 1)),
@@ -142,9 +147,11 @@ def per_checkpoint(
     for name, seconds, blocks, lm_rows in rows:
         print(f"{name:<42} {seconds:8.3f} {seconds / t_warm:8.2f} {blocks:15d} {lm_rows:13d}")
     live_rows = rounds * (args.block_size - 1)
-    print(f"drafted blocks / rounds {cost.drafted_blocks / rounds:.2f}; lm_head rows / live loop's "
-          f"{cost.lm_head_rows / live_rows:.2f}; cold fetch wait {cold_report.summary.cost.seconds.fetch:.3f} s "  # type: ignore[union-attr]
-          f"of {t_cold:.3f} s")  # fmt: skip
+    print(
+        f"drafted blocks / rounds {cost.drafted_blocks / rounds:.2f}; lm_head rows / live loop's "
+        f"{cost.lm_head_rows / live_rows:.2f}; cold fetch wait {cold_report.summary.cost.seconds.fetch:.3f} s "  # type: ignore[union-attr]
+        f"of {t_cold:.3f} s"
+    )
 
 
 def sweep(url: str, paths: list[Path], ids: list[str], tmp: Path, args: argparse.Namespace) -> None:
@@ -153,8 +160,15 @@ def sweep(url: str, paths: list[Path], ids: list[str], tmp: Path, args: argparse
 
         def run(checkpoints: list[Path]) -> list[EvalReport]:
             budgets, wanted = (args.tree_budget,), [ids] * len(checkpoints)
-            return evaluate_checkpoints(client, checkpoints, settings, prompt_ids=wanted, tree_budgets=budgets,
-                                        progress=False, features=FeatureCache(0))  # fmt: skip
+            return evaluate_checkpoints(
+                client,
+                checkpoints,
+                settings,
+                prompt_ids=wanted,
+                tree_budgets=budgets,
+                progress=False,
+                features=FeatureCache(0),
+            )
 
         def one_pass() -> list[EvalReport]:
             return run(paths)
@@ -194,18 +208,21 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        model = build_tiny_model(tmp / "target", layers=args.target_layers, hidden=args.target_hidden,
-                                 vocab=args.vocab, seed=args.seed)  # fmt: skip
+        model = build_tiny_model(
+            tmp / "target", layers=args.target_layers, hidden=args.target_hidden, vocab=args.vocab, seed=args.seed
+        )
         target = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
         layers = default_layer_ids(args.target_layers, args.taps)
         with running_server(model, tmp / "store") as url, CacheClient(url) as client:
             ids = register(client, args, args.vocab)
             paths = train(client, target, ids, layers, tmp / "runs", args)
             c = target.config
-            print(f"target {c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}; 1-layer "
-                  f"drafter, block {args.block_size}, layers {layers}; {len(ids)} prompts x ({args.prompt_len} + "
-                  f"{args.response_len} greedy) tokens; {args.threads} torch thread(s); "
-                  f"median of {args.repeats}")  # fmt: skip
+            print(
+                f"target {c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}; 1-layer "
+                f"drafter, block {args.block_size}, layers {layers}; {len(ids)} prompts x ({args.prompt_len} + "
+                f"{args.response_len} greedy) tokens; {args.threads} torch thread(s); "
+                f"median of {args.repeats}"
+            )
             per_checkpoint(client, target, load_checkpoint(paths[-1], client.model()), ids, tmp, args)
             sweep(url, paths, ids, tmp, args)
     print()

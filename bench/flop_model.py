@@ -136,8 +136,14 @@ def eagle3_flops(t: Shape, draft_vocab: int, total: int, forwards: float, lm_row
     return pass_ + steps + lm_rows * 2 * h * draft_vocab
 
 
-def eagle3_table(prompt_len: int = 512, response: int = 2048, steps: int = 7, tree: tuple[int, int, int] = (10, 7, 60),
-                 taus: tuple[float, ...] = (3, 5, 7), draft_vocab: int = 32000) -> str:  # fmt: skip
+def eagle3_table(
+    prompt_len: int = 512,
+    response: int = 2048,
+    steps: int = 7,
+    tree: tuple[int, int, int] = (10, 7, 60),
+    taus: tuple[float, ...] = (3, 5, 7),
+    draft_vocab: int = 32000,
+) -> str:
     """EAGLE-3 on Llama-3.1-8B: the offline walk's chain (drafting stops at the first miss), EAGLE's
     tree (drafted whole: 1 + depth steps of top_k nodes per round) and the live chain, vs a target forward."""
     t, total = LLAMA31_8B, prompt_len + response

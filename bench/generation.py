@@ -20,8 +20,8 @@ from pathlib import Path
 
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
-from tests.support.engine import VllmServer
-from tests.support.servers import free_port, running_server
+from testing.engine import VllmServer
+from testing.servers import free_port, running_server
 
 WORDS = "the quick brown fox jumps over a lazy dog while the target verifies drafted tokens in one pass".split()  # noqa: SIM905
 

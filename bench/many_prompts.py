@@ -25,7 +25,7 @@ from cache_server.compute.instances import DEFAULT_DB_FILE
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.coordination.database import Database
 from cache_server.store.hidden_store import HiddenStore
-from tests.support.servers import free_port, running_child
+from testing.servers import free_port, running_child
 
 TOKENS = 8
 
@@ -33,14 +33,16 @@ TOKENS = 8
 def fill(store_dir: Path, model: Path, n: int) -> None:
     """`n` registered prompts of TOKENS tokens, each with layer 0 stored (layer 0 of the tiny target)."""
     fingerprint = target_fingerprint(model, "float32")
-    with HiddenStore(store_dir, fingerprint=fingerprint, model_name=model.name, hidden_size=64,
-                     dtype=torch.float32) as store:  # fmt: skip
+    with HiddenStore(
+        store_dir, fingerprint=fingerprint, model_name=model.name, hidden_size=64, dtype=torch.float32
+    ) as store:
         registry = Registry(Database(str(store_dir / DEFAULT_DB_FILE)), fingerprint)  # the server's default database
         layer = torch.zeros(TOKENS, 64)
         for i in range(n):
             ids = tuple(int(x) for x in np.random.default_rng(i).integers(3, 400, TOKENS))
-            reg = Registration(prompt_id=prompt_id_for(ids, None, None), prompt_ids=ids, response_ids=None,
-                               max_new_tokens=None)  # fmt: skip
+            reg = Registration(
+                prompt_id=prompt_id_for(ids, None, None), prompt_ids=ids, response_ids=None, max_new_tokens=None
+            )
             registry.add_many([reg])
             store.write(reg.prompt_id, np.asarray(ids), TOKENS, {0: layer}, greedy_mismatches=0)
 
@@ -67,10 +69,26 @@ def main() -> None:
         fill(tmp / "store", model, args.prompts)
         print(f"filled the store with {args.prompts} prompts in {time.perf_counter() - t0:.1f} s")
         port = free_port()
-        cmd = [sys.executable, "-m", "cache_server.cli", "serve", "--model", str(model),
-               "--store", str(tmp / "store"), "--port", str(port),
-               "--device", "cpu", "--capture-layers", "0", "--checkpoint-root", str(tmp / "runs"),
-               "--log-level", "warning"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "cache_server.cli",
+            "serve",
+            "--model",
+            str(model),
+            "--store",
+            str(tmp / "store"),
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--capture-layers",
+            "0",
+            "--checkpoint-root",
+            str(tmp / "runs"),
+            "--log-level",
+            "warning",
+        ]
         started = time.perf_counter()
         with running_child(cmd, port, tmp / "server.log") as url, httpx.Client(base_url=url, timeout=60) as http:
             healthy = time.perf_counter() - started

@@ -52,7 +52,7 @@ from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.ram_cache import RamCache
 from cache_server.torch_utils import TORCH_DTYPES as DTYPES
 from schemas.safetensors_frame import parse
-from tests.support.servers import free_port, running_child
+from testing.servers import free_port, running_child
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_LAYERS = 64
@@ -61,7 +61,7 @@ RAM_ROUTE = "/bench/hidden-from-ram"
 LIMIT = "limit:"
 STORE = "store read: hidden_body in-process (decode into the body)"
 RAM, E2E = "HTTP from RAM", "GET /hidden"
-HTTP, TOTAL = f"{RAM}: CacheClient._get_body", f"{E2E}: CacheClient.hidden pieces (decoded by the client)"
+HTTP, TOTAL = f"{RAM}: CacheClient.get_body", f"{E2E}: CacheClient.hidden pieces (decoded by the client)"
 OUT = f"{E2E}: CacheClient.hidden pieces, out= a reused array"
 RAM_HIT = f"{E2E}: CacheClient.hidden, --ram-cache-gb hit"
 ONE_BUFFER = f"{E2E} --no-stream-hidden: CacheClient.hidden safetensors"
@@ -332,7 +332,7 @@ def run(args: argparse.Namespace) -> None:
         query = {"prompt_id": pid, "layers": ",".join(map(str, layers))}
         hidden_path, ram_path = f"/hidden?{urlencode(query)}", f"{RAM_ROUTE}?{urlencode(query)}"
         out = client.hidden(pid, layers).hidden.copy()  # the caller's reused array for the out= rows
-        pieces_nbytes = int(client._get_body("/hidden", {**query, "encoding": "pieces"})[0].nbytes)
+        pieces_nbytes = int(client.get_body("/hidden", {**query, "encoding": "pieces"})[0].nbytes)
         threads = args.read_threads
         paths: dict[str, Callable[[], object]] = {
             f"{LIMIT} raw loopback socket, one buffer": stack.enter_context(raw_socket(nbytes, fresh=False)),
@@ -341,7 +341,7 @@ def run(args: argparse.Namespace) -> None:
                 plain_files(bins, layers, threads)
             ),
             STORE: lambda: hidden_body(store, m, layers, 0, m.num_tokens),
-            HTTP: lambda: parse(client._get_body(RAM_ROUTE, query)[0]),
+            HTTP: lambda: parse(client.get_body(RAM_ROUTE, query)[0]),
             f"{RAM}: http.client readinto, fresh buffer each": stack.enter_context(
                 http_client_readinto(url, ram_path, nbytes, fresh=True)
             ),
@@ -375,8 +375,10 @@ def run(args: argparse.Namespace) -> None:
         }
     report(args, nbytes, layers, load, rows)
     print(f"first byte of GET /hidden: {first_byte:.1f} ms streamed, {first_byte_buffer:.1f} ms one buffer")
-    print("aggregate GET /hidden throughput, each client on its own prompt: "
-          + ", ".join(f"{n} client(s) {gbps:.2f} GB/s" for n, gbps in concurrent.items()))  # fmt: skip
+    print(
+        "aggregate GET /hidden throughput, each client on its own prompt: "
+        + ", ".join(f"{n} client(s) {gbps:.2f} GB/s" for n, gbps in concurrent.items())
+    )
 
 
 def report(args: argparse.Namespace, nbytes: int, layers: list[int], load: float, rows: dict[str, float]) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.serve_hidden import DTYPES, bench_server, fixture_info, interleaved_medians, open_store, seed
 from cache_server.client import CacheClient
 from cache_server.compute.bodies import hidden_body
-from tests.support.s3 import aws_environment, fresh_prefix, moto_server
+from testing.s3 import aws_environment, fresh_prefix, moto_server
 
 
 def run(args: argparse.Namespace) -> None:
@@ -34,8 +34,10 @@ def run(args: argparse.Namespace) -> None:
         stack.enter_context(aws_environment(env))  # the servers inherit it
         roots = {"local disk": str(Path(tmp) / "store"), "S3 (moto)": fresh_prefix()}
         dbs = {name: str(Path(tmp) / f"db-{i}.sqlite") for i, name in enumerate(roots)}
-        pids = {name: seed(root, dbs[name], Path(tmp) / f"bins-{i}", info, layers, args.tokens, 1)[0]
-                for i, (name, root) in enumerate(roots.items())}  # fmt: skip
+        pids = {
+            name: seed(root, dbs[name], Path(tmp) / f"bins-{i}", info, layers, args.tokens, 1)[0]
+            for i, (name, root) in enumerate(roots.items())
+        }
         with open_store(roots["local disk"], info, args.read_threads) as store:
             m = store.manifest(pids["local disk"])
             assert m is not None

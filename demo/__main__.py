@@ -25,15 +25,15 @@ from transformers import AutoConfig
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient, JobsClient
 from eval_worker.checkpoints.layer_ids import default_layer_ids, eagle3_default_layer_ids
-from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.reports.compare import compare_table
 from eval_worker.reports.plot import plot
 from schemas.jobs import JobStatus
-from tests.support.browser import CHROMIUM, headless
-from tests.support.checkpoints import engine_keys, save_hf_checkpoint
-from tests.support.eagle3 import eagle3_config, frequent_d2t, random_eagle3, save_eagle3, train_eagle3
-from tests.support.servers import running_server
-from tests.support.tiny_trainer import Sequences, TinyTrainer, tiny_drafter_config
+from testing.browser import CHROMIUM, headless
+from testing.checkpoints import engine_keys, save_hf_checkpoint
+from testing.eagle3 import eagle3_config, frequent_d2t, random_eagle3, save_eagle3, train_eagle3
+from testing.servers import running_server
+from testing.tiny_trainer import Sequences, TinyTrainer, tiny_drafter_config
 
 TEXTS = [
     "def fib(n):",
@@ -99,10 +99,11 @@ def run_jobs(url: str, runs: Path, workdir: Path) -> None:
     with CacheClient(url) as client:
         jobs = JobsClient(client)
         submitted = [
-            jobs.submit(p.name, eagle_trees=["4,3,16"], sets=["code", "prose"]) if p.name.startswith("eagle3")
+            jobs.submit(p.name, eagle_trees=["4,3,16"], sets=["code", "prose"])
+            if p.name.startswith("eagle3")
             else jobs.submit(p.name, tree_budgets=[4, 8], sets=["code", "prose"])
             for p in sorted(runs.iterdir())
-        ]  # fmt: skip
+        ]
         for job in submitted:
             print(f"submitted job {job.job_id} for {job.checkpoint_relative}")
         _say("eval-worker serve (one worker process claims the jobs)")

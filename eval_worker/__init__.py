@@ -4,7 +4,8 @@ The data path, one subpackage per step: `checkpoints/` (strict loading, layer id
 (the models) -> `evaluation/` (features from the cache client, drafts) -> `scoring/` (tau) ->
 `reports/`; `worker/` runs jobs, `parity/` holds a serving engine's live rounds against the offline
 ones, `prompt_files/` registers benchmark sets. `cli.py` parses `eval-worker` commands from
-`settings.py` and runs them (`commands.py`, and `checkpoint_commands.py` for one checkpoint against a
-server); `errors.py` and `exit_codes.py` are how a run stops. Nothing here imports the server side of
+`settings.py` (shared option groups: `cli_options.py`) and runs them (`commands.py`, and
+`checkpoint_commands.py` for one checkpoint against a server); `errors.py` and `exit_codes.py` are
+how a run stops; `families.py` is the one table of drafter families. Nothing here imports the server side of
 `cache_server`.
 """

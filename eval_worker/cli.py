@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar, get_args
 
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings, CliSettingsSource
 
 from eval_worker import checkpoint_commands, commands
+from eval_worker.cli_options import command, config_args, job_options
 from eval_worker.exit_codes import ExitCode, exit_codes_line
 from eval_worker.settings import (
     ConnectionSettings,
@@ -26,89 +25,6 @@ from eval_worker.settings import (
     WorkerSettings,
 )
 from schemas.eval_spec import EvalSpec
-from schemas.layers import CheckpointLayerConvention, parse_layer_list
-from schemas.trees import EagleTreeShape
-
-Command = Callable[[argparse.Namespace, Any], int]
-S = TypeVar("S", bound=BaseSettings)
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return parse_layer_list(text, "layer ids")
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _eagle_tree(text: str) -> str:
-    try:
-        return EagleTreeShape.parse(text).key
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _job_options(p: argparse.ArgumentParser) -> None:
-    """What to evaluate: shared by `evaluate`, `submit` and `watch`."""
-    p.add_argument(
-        "--tree-budget",
-        dest="tree_budgets",
-        type=int,
-        action="append",
-        default=[],
-        help="DFlash: DDTree budget (nodes, root excluded); repeat for several",
-    )
-    p.add_argument("--block-size", type=int, help="DFlash: draft this block length instead of the config's")
-    p.add_argument(
-        "--eagle-tree",
-        dest="eagle_trees",
-        type=_eagle_tree,
-        action="append",
-        default=[],
-        help="EAGLE-3: a dynamic tree TOPK,DEPTH,TOTAL as EAGLE's top_k, depth, total_token "
-        "(e.g. 10,7,60); repeat for several",
-    )
-    p.add_argument(
-        "--steps",
-        type=int,
-        help="EAGLE-3: chain drafts per round (default: the checkpoint's speculative_tokens, else 5)",
-    )
-    p.add_argument(
-        "--layer-convention",
-        choices=get_args(CheckpointLayerConvention),
-        help="EAGLE-3: read the checkpoint's layer ids in this convention instead of its layout's",
-    )
-    p.add_argument("--target-layer-ids", type=_int_list,
-                   help="layer ids (decoder outputs, 0-based) for a checkpoint that names none")  # fmt: skip
-
-
-def _settings_from(parser: argparse.ArgumentParser, cls: type[S]) -> Callable[[argparse.Namespace], S]:
-    """Add `cls`'s fields to `parser` as options; returns how to build the settings from parsed args."""
-    source: CliSettingsSource[S] = CliSettingsSource(cls, root_parser=parser)
-    return lambda args: cls(_cli_settings_source=source(parsed_args=args))
-
-
-def _config_args(p: argparse.ArgumentParser) -> None:
-    """What a user supplies beside a checkpoint whose own config lacks it."""
-    p.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
-    p.add_argument(
-        "--mask-token-id",
-        type=int,
-        help="DFlash: the mask token, for a config that names none (SpecForge writes none unless told)",
-    )
-
-
-def _command(
-    sub: Any, name: str, help: str, func: Command, settings: type[BaseSettings] | None, *, positional: str | None
-) -> argparse.ArgumentParser:
-    """A sub-command whose settings options (if any) come from `settings`, after its own positional."""
-    p: argparse.ArgumentParser = sub.add_parser(name, help=help)
-    if positional is not None:
-        p.add_argument(positional, type=Path)
-    build: Callable[[argparse.Namespace], Any] = lambda _: None  # noqa: E731
-    if settings is not None:
-        build = _settings_from(p, settings)
-    p.set_defaults(func=func, build_settings=build)
-    return p
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -120,8 +36,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    ev = _command(sub, "evaluate", "measure acceptance length of checkpoints here (several: one pass)",
-                  commands.evaluate, EvaluateSettings, positional=None)  # fmt: skip
+    ev = command(
+        sub,
+        "evaluate",
+        "measure acceptance length of checkpoints here (several: one pass)",
+        commands.evaluate,
+        EvaluateSettings,
+        positional=None,
+    )
     ev.add_argument(
         "checkpoints",
         type=Path,
@@ -131,15 +53,19 @@ def _parser() -> argparse.ArgumentParser:
     which = ev.add_mutually_exclusive_group(required=True)
     which.add_argument("--all-prompts", action="store_true", help="every prompt registered on the server")
     which.add_argument("--prompts", type=lambda s: s.split(","), help="comma-separated prompt ids")
-    which.add_argument("--set", dest="sets", action="append", help="the prompts of this set (repeatable); "
-                       "the report is also summarized per set")  # fmt: skip
-    _job_options(ev)
-    _config_args(ev)
+    which.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        help="the prompts of this set (repeatable); the report is also summarized per set",
+    )
+    job_options(ev)
+    config_args(ev)
     outs = ev.add_mutually_exclusive_group()
     outs.add_argument("--out", type=Path, help="write the JSON report (EvalReport) of one checkpoint here")
     outs.add_argument("--out-dir", type=Path, help="write each checkpoint's report as DIR/<checkpoint name>.json")
 
-    par = _command(
+    par = command(
         sub,
         "parity",
         "does a serving engine's live speculative decoding agree with the offline rounds?",
@@ -154,10 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     par.add_argument("--set", dest="sets", action="append", help="the prompts of this set (repeatable; default: all)")
     par.add_argument("--limit", type=int, help="the first N of those prompts")
-    _config_args(par)
+    config_args(par)
     par.add_argument("--out", type=Path, help="write the JSON report (ParityReport) here")
 
-    doc = _command(
+    doc = command(
         sub,
         "doctor",
         "the checkpoint's layers against the usual wrong readings, on a few prompts",
@@ -166,9 +92,9 @@ def _parser() -> argparse.ArgumentParser:
         positional="checkpoint",
     )
     doc.add_argument("--limit", type=int, default=8, help="prompts to evaluate each reading on (default 8)")
-    _config_args(doc)
+    config_args(doc)
 
-    ins = _command(
+    ins = command(
         sub,
         "inspect",
         "what a checkpoint is and which target layers it needs",
@@ -176,22 +102,40 @@ def _parser() -> argparse.ArgumentParser:
         LookupSettings,
         positional="checkpoint",
     )
-    _config_args(ins)
+    config_args(ins)
 
-    _command(sub, "serve", "claim evaluation jobs from the cache server, one at a time", commands.serve,
-             WorkerSettings, positional=None)  # fmt: skip
+    command(
+        sub,
+        "serve",
+        "claim evaluation jobs from the cache server, one at a time",
+        commands.serve,
+        WorkerSettings,
+        positional=None,
+    )
 
-    sbm = _command(sub, "submit", "queue a checkpoint evaluation job on the cache server", commands.submit,
-                   SubmitSettings, positional="checkpoint")  # fmt: skip
+    sbm = command(
+        sub,
+        "submit",
+        "queue a checkpoint evaluation job on the cache server",
+        commands.submit,
+        SubmitSettings,
+        positional="checkpoint",
+    )
     chosen = sbm.add_mutually_exclusive_group()
     chosen.add_argument("--prompts", type=lambda s: s.split(","), help="prompt ids (default: all)")
     chosen.add_argument("--set", dest="sets", action="append", help="the prompts of this set (repeatable)")
-    _job_options(sbm)
+    job_options(sbm)
     sbm.add_argument("--wait", action="store_true", help="wait for the job and print its report")
 
-    wat = _command(sub, "watch", "submit each checkpoint that finishes writing under DIR", commands.watch,
-                   SubmitSettings, positional="dir")  # fmt: skip
-    _job_options(wat)
+    wat = command(
+        sub,
+        "watch",
+        "submit each checkpoint that finishes writing under DIR",
+        commands.watch,
+        SubmitSettings,
+        positional="dir",
+    )
+    job_options(wat)
     wat.add_argument("--set", dest="sets", action="append", help="evaluate on the prompts of this set (repeatable)")
     wat.add_argument(
         "--tensorboard",
@@ -203,13 +147,21 @@ def _parser() -> argparse.ArgumentParser:
     wat.add_argument("--once", action="store_true", help="look twice (to see which files are finished), then exit")
 
     prompts = sub.add_parser("prompts", help="register benchmark prompt sets from dataset files")
-    add = _command(prompts.add_subparsers(dest="prompts_command", required=True), "add",
-                   "register the prompts of dataset files as one set", commands.prompts_add, ConnectionSettings,
-                   positional=None)  # fmt: skip
+    add = command(
+        prompts.add_subparsers(dest="prompts_command", required=True),
+        "add",
+        "register the prompts of dataset files as one set",
+        commands.prompts_add,
+        ConnectionSettings,
+        positional=None,
+    )
     add.add_argument("files", type=Path, nargs="+", help=".jsonl, .json, .csv, .parquet or save_to_disk dirs")
     add.add_argument("--set", dest="set_name", required=True, help="the set's name (gsm8k, humaneval, ...)")
-    add.add_argument("--field", help="the prompt's field (default: question, problem, prompt, text, instruction "
-                                     "+ input, turns, conversations / messages)")  # fmt: skip
+    add.add_argument(
+        "--field",
+        help="the prompt's field (default: question, problem, prompt, text, instruction "
+        "+ input, turns, conversations / messages)",
+    )
     add.add_argument(
         "--chat-template",
         action=argparse.BooleanOptionalAction,
@@ -232,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--skip-bad", action="store_true", help="skip malformed rows (listed) instead of stopping")
     add.add_argument("--wait", action="store_true", help="show the set's progress until every prompt is computed")
 
-    cmp_ = _command(
+    cmp_ = command(
         sub, "compare", "table (and plot) of reports by step", commands.compare, LookupSettings, positional=None
     )
     cmp_.add_argument("reports", type=Path, nargs="*", help="EvalReport JSON files")

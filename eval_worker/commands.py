@@ -236,16 +236,26 @@ def prompts_add(args: argparse.Namespace, settings: ConnectionSettings) -> int:
     from eval_worker.prompt_files.register import AddOptions, add_prompts, wait_with_progress
 
     opts = AddOptions(
-        set_name=args.set_name, field=args.field, chat_template=args.chat_template,
-        enable_thinking=args.enable_thinking, max_new_tokens=args.max_new_tokens, limit=args.limit,
-        shuffle_seed=args.shuffle_seed, suffix=args.suffix, skip_bad=args.skip_bad, timeout_s=settings.timeout_s,
-    )  # fmt: skip
+        set_name=args.set_name,
+        field=args.field,
+        chat_template=args.chat_template,
+        enable_thinking=args.enable_thinking,
+        max_new_tokens=args.max_new_tokens,
+        limit=args.limit,
+        shuffle_seed=args.shuffle_seed,
+        suffix=args.suffix,
+        skip_bad=args.skip_bad,
+        timeout_s=settings.timeout_s,
+    )
     with connect(settings) as client:
         added = add_prompts(client, args.files, opts)
         for message in added.skipped:
             print(f"skipped: {message}")
-        print(f"{len(added.prompt_ids)} prompts registered in set {args.set_name!r}"
-              + (f"; {len(added.skipped)} bad rows skipped" if added.skipped else ""), flush=True)  # fmt: skip
+        print(
+            f"{len(added.prompt_ids)} prompts registered in set {args.set_name!r}"
+            + (f"; {len(added.skipped)} bad rows skipped" if added.skipped else ""),
+            flush=True,
+        )
         if args.wait:
             wait_with_progress(client, args.set_name, settings.timeout_s)
     return ExitCode.ok

@@ -19,11 +19,25 @@ MEDIA_TYPE = "application/x-hidden-state-pieces"
 Piece = tuple[int, int, int, str, int, int, int]  # (layer index, at, rows, kind, offset, nbytes, skip)
 
 
-def pieces_header(metadata: dict[str, str], dtype: str, rows: int, hidden_size: int, layers: int,
-                  pieces: list[Piece], token_ids: tuple[int, int]) -> bytes:  # fmt: skip
+def pieces_header(
+    metadata: dict[str, str],
+    dtype: str,
+    rows: int,
+    hidden_size: int,
+    layers: int,
+    pieces: list[Piece],
+    token_ids: tuple[int, int],
+) -> bytes:
     """The bytes before the pieces: length, then the JSON header."""
-    header = {"__metadata__": metadata, "dtype": dtype, "rows": rows, "hidden_size": hidden_size,
-              "layers": layers, "pieces": pieces, "token_ids": list(token_ids)}  # fmt: skip
+    header = {
+        "__metadata__": metadata,
+        "dtype": dtype,
+        "rows": rows,
+        "hidden_size": hidden_size,
+        "layers": layers,
+        "pieces": pieces,
+        "token_ids": list(token_ids),
+    }
     raw = json.dumps(header, separators=(",", ":")).encode()
     return struct.pack("<Q", len(raw)) + raw
 

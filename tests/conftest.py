@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from cache_server.capture.tiny_model import build_tiny_model
-from tests.support.postgres import fresh_database, postgres_bin, postgres_server
-from tests.support.s3 import aws_environment, fresh_prefix, moto_server
+from testing.postgres import fresh_database, postgres_bin, postgres_server
+from testing.s3 import aws_environment, fresh_prefix, moto_server
 
 
 @pytest.fixture(scope="session")

@@ -316,8 +316,10 @@ def _dockerfile(compose: dict[str, Any], name: str) -> str:
     build = compose["services"][name]["build"]
     text = (ROOT / build["context"] / build["dockerfile"]).read_text()
     starts = list(_STAGE.finditer(text))
-    stages = {m["name"]: (m["image"], text[m.start() : nxt.start() if nxt else len(text)])
-              for m, nxt in zip(starts, [*starts[1:], None], strict=True)}  # fmt: skip
+    stages = {
+        m["name"]: (m["image"], text[m.start() : nxt.start() if nxt else len(text)])
+        for m, nxt in zip(starts, [*starts[1:], None], strict=True)
+    }
     chain, stage = [], build["target"]
     while stage in stages:
         image, body = stages[stage]

@@ -10,8 +10,8 @@ import pytest
 from demo.__main__ import main
 from eval_worker.cli import main as eval_worker_main
 from schemas.parity import ParityReport
-from tests.support.engine import VllmServer
-from tests.support.servers import free_port, running_server
+from testing.engine import VllmServer
+from testing.servers import free_port, running_server
 
 pytestmark = pytest.mark.slow
 

@@ -14,15 +14,16 @@ from cache_server.api.app import create_app
 from cache_server.client import HiddenResult, TargetHeads
 from cache_server.settings import ServeSettings
 from eval_worker.checkpoints.loading import load_checkpoint
-from eval_worker.drafters.model import DFlashDrafter
-from eval_worker.evaluation.evaluate import EvalOptions, evaluate
+from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache
+from eval_worker.evaluation.options import EvalOptions
 from schemas.hidden import HiddenMetadata
 from schemas.model import ModelInfo
-from tests.support.checkpoints import save_torch_checkpoint
-from tests.support.tensors import as_numpy
-from tests.support.tensors import parse_torch as parse
-from tests.support.tiny_trainer import tiny_drafter_config
+from testing.checkpoints import save_torch_checkpoint
+from testing.tensors import as_numpy
+from testing.tensors import parse_torch as parse
+from testing.tiny_trainer import tiny_drafter_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 TOKENS = [5, 17, 300, 42, 9, 120, 77, 3, 250, 11, 64, 65, 66, 400, 401, 7, 8, 9, 10, 11]
@@ -73,10 +74,16 @@ class _Source:
 
     def hidden(self, prompt_id: str, layers: list[int]) -> HiddenResult:
         meta = HiddenMetadata(
-            prompt_id=prompt_id, layers=list(layers), layer_convention="decoder_output_0based",
-            model_fingerprint=self.info.fingerprint, hidden_size=self.info.hidden_size, prompt_len=4,
-            start=0, stop=len(self.ids), dtype="float32",
-        )  # fmt: skip
+            prompt_id=prompt_id,
+            layers=list(layers),
+            layer_convention="decoder_output_0based",
+            model_fingerprint=self.info.fingerprint,
+            hidden_size=self.info.hidden_size,
+            prompt_len=4,
+            start=0,
+            stop=len(self.ids),
+            dtype="float32",
+        )
         return HiddenResult(as_numpy(self.taps), as_numpy(self.ids), meta)
 
     def heads(self) -> TargetHeads:
@@ -86,9 +93,15 @@ class _Source:
 def test_evaluation_on_cuda_scores_what_the_cpu_does(tiny_target: Path, tmp_path: Path) -> None:
     cfg = AutoConfig.from_pretrained(tiny_target)
     info = ModelInfo(
-        name="tiny", fingerprint="fp", num_layers=6, hidden_size=64, vocab_size=cfg.vocab_size,
-        max_position_embeddings=4096, dtype="float32", capture_layers=list(range(6)),
-    )  # fmt: skip
+        name="tiny",
+        fingerprint="fp",
+        num_layers=6,
+        hidden_size=64,
+        vocab_size=cfg.vocab_size,
+        max_position_embeddings=4096,
+        dtype="float32",
+        capture_layers=list(range(6)),
+    )
     torch.manual_seed(0)
     ckpt = save_torch_checkpoint(
         tmp_path / "c.pt", DFlashDrafter(tiny_drafter_config(cfg, [1, 3, 5]), 3), global_step=1, epoch=0

@@ -12,10 +12,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("cache_server", "eval_worker", "schemas")
+PACKAGES = ("cache_server", "eval_worker", "schemas", "testing")
 HEAVY = {"torch", "transformers", "zarr", "fastapi", "uvicorn", "matplotlib", "starlette", "numcodecs"}
-SERVER_SIDE = ("cache_server.capture", "cache_server.generation", "cache_server.store", "cache_server.compute",
-               "cache_server.api", "cache_server.jobs", "cache_server.cli", "cache_server.settings")  # fmt: skip
+SERVER_SIDE = (
+    "cache_server.capture",
+    "cache_server.generation",
+    "cache_server.store",
+    "cache_server.compute",
+    "cache_server.api",
+    "cache_server.jobs",
+    "cache_server.cli",
+    "cache_server.settings",
+)
 
 
 def _modules(package: str) -> list[str]:
@@ -116,3 +124,31 @@ def test_each_package_docstring_names_every_module_in_it(package: str) -> None:
     names = [p.name for p in base.glob("*.py") if p.name != "__init__.py"]
     names += [f"{p.name}/" for p in base.iterdir() if (p / "__init__.py").is_file()]
     assert not [n for n in sorted(names) if f"`{n}`" not in doc], f"{package}/__init__.py does not name them"
+
+
+# Where a drafter family may be named by its classes: its own files, and the one table of families.
+FAMILY_FILES = {
+    "eval_worker/families.py",
+    *(f"eval_worker/drafters/{n}.py" for n in ("dflash", "dflash_config", "eagle3", "eagle3_config", "layers")),
+    *(f"eval_worker/checkpoints/{n}.py" for n in ("dflash", "dflash_layout", "eagle3", "eagle3_layouts", "loaded")),
+    *(f"eval_worker/evaluation/{n}_walks.py" for n in ("dflash", "eagle3")),
+}
+FAMILY_CLASSES = ("DFlashDrafter", "DFlashConfig", "Eagle3Drafter", "Eagle3Config")
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_drafter_families_are_told_apart_only_in_their_table(path: Path) -> None:
+    """Outside a family's own files, code asks `families.py`, never `isinstance` or the family's name
+    (reports format the wire's `drafter_family` field, without torch)."""
+    name = str(path.relative_to(ROOT))
+    if name in FAMILY_FILES or not name.startswith("eval_worker/") or name.startswith("eval_worker/reports/"):
+        return
+    told_apart = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+            told_apart += [n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name) and n.id in FAMILY_CLASSES]
+        if isinstance(node, ast.Compare) and any(
+            isinstance(c, ast.Constant) and c.value in ("dflash", "eagle3") for c in [node.left, *node.comparators]
+        ):
+            told_apart.append(ast.unparse(node))
+    assert not told_apart, f"{path.name} tells drafter families apart itself: {told_apart}"

@@ -43,8 +43,9 @@ _LEASED = (E.unauthorized, E.job_not_found, E.lease_lost)
 def submit(body: JobSubmit, jobs: JobsDep, service: ServiceDep, root: RootDep) -> JobState:
     """Queue an evaluation of a checkpoint under the server's --checkpoint-root (checked before queueing)."""
     info = service.model_info()
-    checked = check_submission(body, root=root, is_registered=service.is_registered, num_layers=info.num_layers,
-                               set_names=service.sets.names())  # fmt: skip
+    checked = check_submission(
+        body, root=root, is_registered=service.is_registered, num_layers=info.num_layers, set_names=service.sets.names()
+    )
     return jobs.submit(
         checked.spec, checkpoint_relative=checked.checkpoint_relative, target_fingerprint=info.fingerprint
     )

@@ -111,8 +111,9 @@ async def hidden(
     lo, hi = token_range(manifest, start, stop)
     if encoding == ENCODING:
         pieces = await run_in_threadpool(service.pieces_body, manifest, ids, lo, hi)
-        return StreamingResponse(_parts(pieces.parts), media_type=MEDIA_TYPE,
-                                 headers={"Content-Length": str(pieces.nbytes)})  # fmt: skip
+        return StreamingResponse(
+            _parts(pieces.parts), media_type=MEDIA_TYPE, headers={"Content-Length": str(pieces.nbytes)}
+        )
     if service.stream_hidden:  # sent block by block while the next block decodes
         stream = await service.hidden_stream(manifest, ids, lo, hi)
         return StreamingResponse(stream.pieces, media_type=SAFETENSORS, headers={"Content-Length": str(stream.nbytes)})

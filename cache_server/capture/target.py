@@ -107,8 +107,9 @@ class Target:
         elif spec.messages is not None:
             if any(m.content is None for m in spec.messages):
                 raise InvalidPrompt("a response_of message must be filled in before the prompt is rendered")
-            ids = self._apply_chat_template([{"role": m.role, "content": m.content or ""} for m in spec.messages],
-                                            spec.enable_thinking)  # fmt: skip
+            ids = self._apply_chat_template(
+                [{"role": m.role, "content": m.content or ""} for m in spec.messages], spec.enable_thinking
+            )
         else:
             ids = list(self.tokenizer(spec.text).input_ids)
         if not ids:

@@ -194,12 +194,13 @@ class CacheClient:
 
     # -- tensor endpoints -----------------------------------------------------------------------
 
-    def _get_body(
+    def get_body(
         self, path: str, params: dict[str, Any] | None = None, *, scratch: bool = False, spread: bool = False
     ) -> tuple[np.ndarray | bytes, str]:
-        """A tensor body in one buffer preallocated from Content-Length (no growing copies), and its
-        content type. `scratch`: into this thread's reused buffer, valid until its next scratch read.
-        `spread`: from the next of the feature servers in turn."""
+        """A binary body (`GET path`) in one buffer preallocated from Content-Length (no growing copies),
+        and its content type: how `hidden` and `heads` read theirs, for any route that sends one.
+        `scratch`: into this thread's reused buffer, valid until its next scratch read. `spread`: from
+        the next of the feature servers in turn."""
         reader = self._spread[next(self._turn) % len(self._spread)] if spread else self._bodies
         if reader is None:
             try:
@@ -242,7 +243,7 @@ class CacheClient:
         try:
             # The body lands in this thread's reused buffer and is decoded or copied out of it: faulting
             # fresh pages inside the socket read costs more than the copy (bench/serve_hidden.py).
-            data, content_type = self._get_body("/hidden", params, scratch=True, spread=True)
+            data, content_type = self.get_body("/hidden", params, scratch=True, spread=True)
             if content_type.startswith(PIECES_MEDIA_TYPE):
                 hidden, token_ids, meta = decode_pieces(data, out)
             else:
@@ -279,7 +280,7 @@ class CacheClient:
     def heads(self) -> TargetHeads:
         """The target's embed_tokens and lm_head (what a DFlash drafter borrows), as numpy arrays."""
         try:
-            return TargetHeads.from_body(*parse(self._get_body("/target/heads")[0]))
+            return TargetHeads.from_body(*parse(self.get_body("/target/heads")[0]))
         except (WireFormatError, KeyError) as e:
             raise ProtocolError(f"malformed /target/heads body: {e}") from e
 

@@ -40,8 +40,9 @@ class OutMismatch(ValueError):
 def check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
     """OutMismatch unless `out` is C-contiguous with this shape and dtype."""
     if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
-        raise OutMismatch(f"out must be a C-contiguous {dtype} array of shape {list(shape)}, got {out.dtype} "
-                          f"{list(out.shape)}")  # fmt: skip
+        raise OutMismatch(
+            f"out must be a C-contiguous {dtype} array of shape {list(shape)}, got {out.dtype} {list(out.shape)}"
+        )
 
 
 def decode_pieces(

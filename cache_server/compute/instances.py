@@ -36,8 +36,11 @@ def import_store_registrations(store: HiddenStore, registry: Registry, sets: Set
     if registry.all():
         return
     blobs, ns = store.blobs, store.namespace
-    kept = [blobs.get(o.key) for o in sorted(blobs.objects(f"{ns}/requests", recursive=False), key=lambda o: o.key)
-            if o.key.endswith(".json")]  # fmt: skip
+    kept = [
+        blobs.get(o.key)
+        for o in sorted(blobs.objects(f"{ns}/requests", recursive=False), key=lambda o: o.key)
+        if o.key.endswith(".json")
+    ]
     found = len(registry.add_many([Registration.model_validate_json(raw) for raw in kept if raw is not None]))
     for o in blobs.objects(f"{ns}/sets", recursive=False):
         raw = blobs.get(o.key) if o.key.endswith(".json") else None

@@ -79,6 +79,7 @@ class _PendingCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(
-            "cache_server_prompts_pending", "Registered prompts not computed yet (neither ready nor failed).",
+            "cache_server_prompts_pending",
+            "Registered prompts not computed yet (neither ready nor failed).",
             value=self.count(),
-        )  # fmt: skip
+        )

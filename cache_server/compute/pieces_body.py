@@ -40,6 +40,7 @@ def pieces_body(
             payloads.append(payload)
             offset += len(payload)
     token_ids = np.ascontiguousarray(store.token_ids(manifest.prompt_id)[start:stop], dtype="<i8").tobytes()
-    head = pieces_header(metadata, manifest.dtype, stop - start, manifest.hidden_size, len(layers), index,
-                         (offset, len(token_ids)))  # fmt: skip
+    head = pieces_header(
+        metadata, manifest.dtype, stop - start, manifest.hidden_size, len(layers), index, (offset, len(token_ids))
+    )
     return PiecesBody([head, *payloads, token_ids], len(head) + offset + len(token_ids))

@@ -63,8 +63,13 @@ class Registry:
             new = [r for pid, r in wanted.items() if pid not in there]
             seq = max_seq(c, table.c.seq, mine)
             if new:
-                c.execute(table.insert(), [{"namespace": self._ns, "prompt_id": r.prompt_id, "seq": seq + i,
-                                            "body": r.model_dump_json()} for i, r in enumerate(new, 1)])  # fmt: skip
+                c.execute(
+                    table.insert(),
+                    [
+                        {"namespace": self._ns, "prompt_id": r.prompt_id, "seq": seq + i, "body": r.model_dump_json()}
+                        for i, r in enumerate(new, 1)
+                    ],
+                )
         return {r.prompt_id for r in new}
 
     def get(self, prompt_id: str) -> Registration | None:

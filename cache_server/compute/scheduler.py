@@ -163,11 +163,10 @@ class Scheduler:
         return state is not None and state.status in ("queued", "running")
 
     def _on_notice(self, notice: Notice) -> None:
-        if notice.namespace != self.captures.namespace:
-            return
-        if notice.kind == "queued":
+        ours = notice.namespace == self.captures.namespace
+        if ours and notice.kind == "queued":
             self._wake.set()
-        elif notice.prompt_id is not None:
+        elif ours and notice.prompt_id is not None:
             self._wake_waiters(notice.prompt_id)
 
     # -- compute thread -------------------------------------------------------------------------

@@ -177,8 +177,10 @@ class HiddenStateService:
                 if reg is None:
                     raise InvalidPrompt(f"response_of {m.response_of!r}: no such prompt is registered")
                 if manifest is None:
-                    raise InvalidPrompt(f"response_of {m.response_of!r}: that prompt's response is not computed yet "
-                                        "(wait until it is ready, then register the next turn)")  # fmt: skip
+                    raise InvalidPrompt(
+                        f"response_of {m.response_of!r}: that prompt's response is not computed yet "
+                        "(wait until it is ready, then register the next turn)"
+                    )
                 response = self.store.token_ids(m.response_of)[reg.prompt_len :].tolist()
                 m = ChatMessage(role="assistant", content=self.target.decode(response))
             messages.append(m)

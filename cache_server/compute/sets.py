@@ -35,8 +35,13 @@ class SetRegistry:
             seq = max_seq(c, table.c.seq, mine)
             new = [p for p in wanted if p not in there]
             if new:
-                c.execute(table.insert(), [{"namespace": self._ns, "set_name": name, "prompt_id": p,
-                                            "seq": seq + i} for i, p in enumerate(new, 1)])  # fmt: skip
+                c.execute(
+                    table.insert(),
+                    [
+                        {"namespace": self._ns, "set_name": name, "prompt_id": p, "seq": seq + i}
+                        for i, p in enumerate(new, 1)
+                    ],
+                )
 
     def names(self) -> list[str]:
         """Every set, by name."""

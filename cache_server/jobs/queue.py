@@ -160,9 +160,17 @@ class JobStore:
             c.execute(
                 JOBS.update()
                 .where(JOBS.c.job_id == row.job_id)
-                .values(status="running", attempts=JOBS.c.attempts + 1, worker=worker, lease=lease, lease_s=lease_s,
-                        started_at=now, lease_expires_at=now + lease_s, error=func.coalesce(error, JOBS.c.error))
-            )  # fmt: skip
+                .values(
+                    status="running",
+                    attempts=JOBS.c.attempts + 1,
+                    worker=worker,
+                    lease=lease,
+                    lease_s=lease_s,
+                    started_at=now,
+                    lease_expires_at=now + lease_s,
+                    error=func.coalesce(error, JOBS.c.error),
+                )
+            )
             return Leased(self._get(c, row.job_id), lease)
 
     def renew(self, job_id: str, lease: str, lease_s: float | None = None) -> JobState:
@@ -185,9 +193,15 @@ class JobStore:
             c.execute(
                 JOBS.update()
                 .where(JOBS.c.job_id == job_id)
-                .values(status="done", report=report_json, finished_at=self._now(), lease=None,
-                        lease_expires_at=None, error=None)
-            )  # fmt: skip
+                .values(
+                    status="done",
+                    report=report_json,
+                    finished_at=self._now(),
+                    lease=None,
+                    lease_expires_at=None,
+                    error=None,
+                )
+            )
             return self._get(c, job_id)
 
     def fail(self, job_id: str, lease: str, error: str, *, retryable: bool) -> JobState:

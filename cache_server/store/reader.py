@@ -167,8 +167,9 @@ def _exists(blobs: Blobs, array: str, chunk: str) -> bool:
     return blobs.exists(f"{array}/{chunk}")
 
 
-def _encoded_guarded(prompt_id: str, layer: int, blosc: blosc_reader.BloscChunks, chunk: int, lo: int,
-                     hi: int) -> tuple[str, memoryview, int]:  # fmt: skip
+def _encoded_guarded(
+    prompt_id: str, layer: int, blosc: blosc_reader.BloscChunks, chunk: int, lo: int, hi: int
+) -> tuple[str, memoryview, int]:
     try:
         return blosc_reader.ChunkReader.encoded(blosc, chunk, lo, hi)
     except READ_ERRORS as e:

@@ -1,6 +1,6 @@
 """A DFlash checkpoint's config, as the published layout and SpecForge's trainer write it.
 
-Every key is honoured (by `DrafterConfig.from_hf_dict` or here), known inert, or refuses the checkpoint
+Every key is honoured (by `DFlashConfig.from_hf_dict` or here), known inert, or refuses the checkpoint
 by name. SpecForge adds `draft_vocab_size` (its DFlash decodes with the target's full lm_head, so it
 must equal `vocab_size`) and `dflash_config` switches for its variants, accepted at their defaults only.
 A config without `mask_token_id` (SpecForge writes none unless told) needs `--mask-token-id`, as vLLM
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from eval_worker.checkpoints.config_keys import INERT, check_keys
-from eval_worker.drafters.config import DrafterConfig
+from eval_worker.drafters.dflash_config import DFlashConfig
 from eval_worker.errors import CheckpointRefused
 
 _KEYS = {
@@ -30,7 +30,7 @@ _DFLASH_CONFIG_KEYS = {"target_layer_ids", "mask_token_id", "block_size", *_VARI
 
 def read_dflash_config(
     raw: Mapping[str, Any], *, block_size: int | None = None, mask_token_id: int | None = None
-) -> DrafterConfig:
+) -> DFlashConfig:
     """The drafter config of a DFlash config dict; `block_size` and `mask_token_id` as supplied by the
     user (a supplied mask token must agree with one the config names)."""
     check_keys(raw, INERT | _KEYS, "DFlash")
@@ -50,4 +50,4 @@ def read_dflash_config(
             f"config draft_vocab_size {draft_vocab} != vocab_size {vocab}: this DFlash drafter decodes with the "
             "target's full lm_head; a draft vocabulary is not implemented"
         )
-    return DrafterConfig.from_hf_dict(raw, block_size=block_size, mask_token_id=mask_token_id)
+    return DFlashConfig.from_hf_dict(raw, block_size=block_size, mask_token_id=mask_token_id)

@@ -101,8 +101,13 @@ def _specforge(raw: Mapping[str, Any]) -> Eagle3Layout:
         feature_norm="per_tap" if _flag(raw, "fc_norm", False) else "none",
         logits_from_norm=_flag(raw, "norm_output", True),
     )
-    return Eagle3Layout("specforge", cfg, _ids(eagle_config.get("eagle_aux_hidden_state_layer_ids")),
-                        "decoder_output_0based", "midlayer.")  # fmt: skip
+    return Eagle3Layout(
+        "specforge",
+        cfg,
+        _ids(eagle_config.get("eagle_aux_hidden_state_layer_ids")),
+        "decoder_output_0based",
+        "midlayer.",
+    )
 
 
 def _speculators(raw: Mapping[str, Any]) -> Eagle3Layout:
@@ -127,16 +132,19 @@ def _speculators(raw: Mapping[str, Any]) -> Eagle3Layout:
         feed_normed=_flag(raw, "norm_output", False),
         speculative_tokens=_speculative_tokens(raw.get("speculators_config")),
     )
-    return Eagle3Layout("speculators", cfg, _ids(raw.get("eagle_aux_hidden_state_layer_ids")), "layer_input",
-                        "layers.0.")  # fmt: skip
+    return Eagle3Layout(
+        "speculators", cfg, _ids(raw.get("eagle_aux_hidden_state_layer_ids")), "layer_input", "layers.0."
+    )
 
 
 def _layer_config(layer: Mapping[str, Any], top: Mapping[str, Any]) -> Eagle3Config:
     """Shape fields from the layer's config; draft vocab and target width from the top level."""
     for key, allowed in _FIXED.items():
         if key in layer and layer[key] not in allowed:
-            raise CheckpointRefused(f"config {key}={layer[key]!r} changes the math and is not implemented here "
-                                    f"(implemented: {list(allowed)})")  # fmt: skip
+            raise CheckpointRefused(
+                f"config {key}={layer[key]!r} changes the math and is not implemented here "
+                f"(implemented: {list(allowed)})"
+            )
     if _int(layer, "num_hidden_layers") != 1:
         raise CheckpointRefused(
             f"config num_hidden_layers={layer['num_hidden_layers']}: only single-layer EAGLE-3 drafters are implemented"
@@ -145,8 +153,9 @@ def _layer_config(layer: Mapping[str, Any], top: Mapping[str, Any]) -> Eagle3Con
     tied = _flag(top, "tie_word_embeddings", False)  # the drafter's own; a nested layer config's builds no embedding
     kv_heads = int(layer.get("num_key_value_heads") or heads)
     if heads % kv_heads:
-        raise CheckpointRefused(f"config num_attention_heads {heads} is not a multiple of num_key_value_heads "
-                                f"{kv_heads}")  # fmt: skip
+        raise CheckpointRefused(
+            f"config num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        )
     vocab = _int(layer, "vocab_size")
     draft_vocab = int(top.get("draft_vocab_size") or vocab)
     if not 0 < draft_vocab <= vocab:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eval_worker.drafters.eagle3_config import Eagle3Config
-from eval_worker.drafters.model import MLP, RMSNorm, apply_rope, rope_cos_sin
+from eval_worker.drafters.layers import MLP, RMSNorm, apply_rope, rope_cos_sin
 
 _PREFILL_ROWS = 256  # query rows of the causal pass per chunk (bounds the [heads, rows, T] scores)
 

@@ -18,7 +18,8 @@ import torch
 
 from cache_server.client import CacheClient, HiddenResult, TargetHeads
 from cache_server.torch_utils import as_numpy
-from eval_worker.checkpoints.loading import LoadedCheckpoint, load_checkpoint
+from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.evaluation.sweep import evaluate_checkpoints, select_prompts

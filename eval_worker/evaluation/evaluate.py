@@ -18,22 +18,18 @@ import torch
 from tqdm import tqdm
 
 from cache_server.torch_utils import dtype_name
-from eval_worker.checkpoints.loading import LoadedCheckpoint, check_fits_target
-from eval_worker.drafters.config import DrafterConfig
-from eval_worker.drafters.eagle3 import Eagle3Drafter
-from eval_worker.drafters.eagle3_config import Eagle3Config
+from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loading import check_fits_target
 from eval_worker.evaluation.checks import check_features, check_heads
-from eval_worker.evaluation.eagle_walks import CHAIN as EAGLE_CHAIN
-from eval_worker.evaluation.eagle_walks import walk_eagle_prompts
 from eval_worker.evaluation.feature_cache import FeatureCache, Fetched
 from eval_worker.evaluation.heads_cache import HeadsCache
+from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.source import FeatureSource
-from eval_worker.evaluation.walks import CHAIN, DraftCost, PromptFeatures, walk_prompts
+from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.families import FAMILIES
 from eval_worker.scoring.summary import by_set, round_taus, summarize_set
-from schemas.eval_spec import EvalSpec
 from schemas.model import ModelInfo
-from schemas.report import EvalCost, EvalReport, EvalSeconds, EvalSummary, PromptEval, RoundTaus
-from schemas.trees import EagleTreeShape
+from schemas.report import EvalCost, EvalReport, EvalSeconds, EvalSummary, PromptEval
 
 log = logging.getLogger(__name__)
 
@@ -43,23 +39,6 @@ _WHY = {
     "inferred": "inferred - DFlash tap formula on fc.weight's width, the checkpoint names no layers",
     "override": "override - given explicitly, the checkpoint names no layers",
 }
-
-
-@dataclass(frozen=True)
-class EvalOptions:
-    """How to evaluate: trees and chain length, where and in which dtype the drafter runs, batching, progress."""
-
-    tree_budgets: tuple[int, ...] = ()  # DDTree budgets (DFlash)
-    eagle_trees: tuple[EagleTreeShape, ...] = ()  # EAGLE trees (EAGLE-3)
-    steps: int | None = None  # EAGLE-3 chain drafts per round (None: the checkpoint's, else 5)
-    device: str = "cpu"
-    dtype: torch.dtype = torch.float32
-    group_tokens: int = 8192  # prompt tokens whose walks are drafted together (each block reads its own context)
-    max_blocks: int = 64  # blocks per drafter forward
-    progress: bool = True
-
-    def __post_init__(self) -> None:  # checked as the CLI and POST /jobs check them (ValidationError)
-        EvalSpec(tree_budgets=list(self.tree_budgets), steps=self.steps, eagle_trees=[t.key for t in self.eagle_trees])
 
 
 @dataclass
@@ -75,16 +54,6 @@ class _Run:
     fetched_bytes: int = 0
     cache_hits: int = 0
     fetch_s: float = 0.0
-
-    @property
-    def is_eagle3(self) -> bool:
-        return self.checkpoint.family == "eagle3"
-
-    def steps(self, opts: EvalOptions) -> int:
-        """EAGLE-3 chain drafts per round: the option, else the checkpoint's own, else 5."""
-        cfg = self.checkpoint.config
-        own = cfg.speculative_tokens if isinstance(cfg, Eagle3Config) else None
-        return opts.steps or own or 5
 
 
 def evaluate(
@@ -195,7 +164,6 @@ def _walk_chunk(
     fingerprint: str,
     opts: EvalOptions,
 ) -> None:
-    top_k = max(opts.tree_budgets, default=1)
     # On the drafter's device and dtype once, for every checkpoint of the group.
     ready = {
         item.prompt_id: PromptFeatures(
@@ -212,31 +180,16 @@ def _walk_chunk(
         prompts = [ready[item.prompt_id] for item in mine]
         if not prompts:
             continue
-        drafter = run.checkpoint.drafter
-        if isinstance(drafter, Eagle3Drafter):
-            walked = walk_eagle_prompts(
-                drafter, prompts, drafter.embed_tokens.weight if drafter.has_embed else embed,
-                steps=run.steps(opts), trees=opts.eagle_trees, cost=run.cost, max_rounds=opts.max_blocks,
-            )  # fmt: skip
-            chains = [taus[EAGLE_CHAIN] for taus in walked]
-            eagle = [{t.key: round_taus(taus[t.key]) for t in opts.eagle_trees} for taus in walked]
-            ddtrees: list[dict[int, RoundTaus]] = [{} for _ in walked]
-        else:
-            dflash = walk_prompts(
-                drafter, prompts, embed, lm_head,
-                tree_budgets=opts.tree_budgets, top_k=top_k, cost=run.cost, max_blocks=opts.max_blocks,
-            )  # fmt: skip
-            chains = [taus[CHAIN] for taus in dflash]
-            ddtrees = [{b: round_taus(taus[b]) for b in opts.tree_budgets} for taus in dflash]
-            eagle = [{} for _ in dflash]
-        for i, (item, prompt) in enumerate(zip(mine, prompts, strict=True)):
+        family = FAMILIES[run.checkpoint.family]
+        walked = family.walk(run.checkpoint, prompts, embed, lm_head, opts, run.cost)
+        for item, prompt, rounds in zip(mine, prompts, walked, strict=True):
             run.results[item.prompt_id] = PromptEval(
                 prompt_id=item.prompt_id,
                 prompt_len=prompt.prompt_len,
                 num_tokens=len(prompt.token_ids),
-                chain=round_taus(chains[i]),
-                trees=ddtrees[i],
-                eagle_trees=eagle[i],
+                chain=round_taus(rounds.chain),
+                trees=rounds.trees,
+                eagle_trees=rounds.eagle_trees,
                 greedy_mismatches=item.features.metadata.greedy_mismatches,
                 generator=item.features.metadata.generator,
             )
@@ -260,19 +213,17 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
         feature_cache_hits=run.cache_hits,
         seconds=EvalSeconds(fetch=run.fetch_s, draft=run.cost.draft_s, walk=run.cost.walk_s),
     )
-    eagle3 = run.is_eagle3
-    budgets = [] if eagle3 else list(opts.tree_budgets)
-    eagle_trees = [t.key for t in opts.eagle_trees] if eagle3 else []
+    fields = FAMILIES[checkpoint.family].report_fields(checkpoint, opts)
     summary = EvalSummary(
-        **dict(summarize_set(results, budgets, eagle_trees)),
-        by_set=by_set(results, run.sets, budgets, eagle_trees),
+        **dict(summarize_set(results, fields.tree_budgets, fields.eagle_trees)),
+        by_set=by_set(results, run.sets, fields.tree_budgets, fields.eagle_trees),
         prompts_not_target_greedy=len(not_greedy),
         generators=dict(Counter(r.generator or "unknown" for r in results)),
         wall_time_s=time.perf_counter() - run.started,
         cost=cost,
     )
     log.info("%s: chain tau %s over %d prompts", checkpoint.path, summary.chain.mean_tau, len(results))
-    cfg, ids = checkpoint.config, checkpoint.layer_ids
+    ids = checkpoint.layer_ids
     return EvalReport(
         checkpoint_path=str(checkpoint.path),
         format=checkpoint.format,
@@ -287,12 +238,12 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
         checkpoint_layer_ids=list(ids.checkpoint_ids) if ids.checkpoint_ids is not None else None,
         checkpoint_layer_convention=ids.convention,
         layer_convention_source=ids.convention_source,
-        block_size=cfg.block_size if isinstance(cfg, DrafterConfig) else None,
-        mask_token_id=cfg.mask_token_id if isinstance(cfg, DrafterConfig) else None,
-        steps=run.steps(opts) if eagle3 else None,
-        draft_vocab_size=cfg.draft_vocab_size if isinstance(cfg, Eagle3Config) else None,
-        tree_budgets=budgets,
-        eagle_trees=eagle_trees,
+        block_size=fields.block_size,
+        mask_token_id=fields.mask_token_id,
+        steps=fields.steps,
+        draft_vocab_size=fields.draft_vocab_size,
+        tree_budgets=fields.tree_budgets,
+        eagle_trees=fields.eagle_trees,
         device=str(opts.device),
         dtype=dtype_name(opts.dtype),
         prompts=results,

@@ -14,12 +14,15 @@ from tqdm import tqdm
 from cache_server.client import CacheClient
 from cache_server.torch_utils import TORCH_DTYPES, resolve_device
 from eval_worker.checkpoints.layer_ids import LayerConvention
-from eval_worker.checkpoints.loading import LoadedCheckpoint, load_checkpoint
+from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.errors import CheckpointRefused
-from eval_worker.evaluation.evaluate import EvalOptions, evaluate_many
+from eval_worker.evaluation.evaluate import evaluate_many
 from eval_worker.evaluation.feature_cache import FeatureCache
 from eval_worker.evaluation.heads_cache import HeadsCache
+from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.source import FeatureSource
+from eval_worker.families import FAMILIES
 from eval_worker.settings import EvaluateSettings
 from schemas.model import ModelInfo
 from schemas.prompts import PromptStatus
@@ -108,23 +111,32 @@ def evaluate_checkpoints(
             loaded.append(c)
             continue
         try:
-            loaded.append(load_checkpoint(
-                c, info, config_path=config_path, layer_ids_override=layer_ids, block_size_override=block_size,
-                mask_token_id=mask_token_id, layer_convention=layer_convention,
-            ))  # fmt: skip
+            loaded.append(
+                load_checkpoint(
+                    c,
+                    info,
+                    config_path=config_path,
+                    layer_ids_override=layer_ids,
+                    block_size_override=block_size,
+                    mask_token_id=mask_token_id,
+                    layer_convention=layer_convention,
+                )
+            )
         except CheckpointRefused as e:  # in a sweep, say which checkpoint
             raise CheckpointRefused(str(e) if str(c) in str(e) else f"{c}: {e}") from None
-    families = {c.family for c in loaded}
-    if tree_budgets and "dflash" not in families:
-        raise ValueError("--tree-budget (DDTree) drafts from a DFlash block; for EAGLE-3 use --eagle-tree")
-    if (eagle_trees or steps is not None) and "eagle3" not in families:
-        raise ValueError("--eagle-tree and --steps apply to EAGLE-3 drafters; none of these checkpoints is one")
+    applicable = {flag for c in loaded for flag in FAMILIES[c.family].flags}
+    given = {"--tree-budget": bool(tree_budgets), "--eagle-tree": bool(eagle_trees), "--steps": steps is not None}
+    for flag in (f for f, on in given.items() if on and f not in applicable):
+        owner = next(f.title for f in FAMILIES.values() if flag in f.flags)
+        raise ValueError(f"{flag} applies to {owner} drafters; none of these checkpoints is one")
     wanted = prompt_ids if prompt_ids is not None else [None] * len(loaded)
     if set_members_of is None:
         members = set_members(client, sets)
         set_members_of = [members] * len(loaded)
-    ids = [select_prompts(client, p, settings.timeout_s, m, progress=progress)
-           for p, m in zip(wanted, set_members_of, strict=True)]  # fmt: skip
+    ids = [
+        select_prompts(client, p, settings.timeout_s, m, progress=progress)
+        for p, m in zip(wanted, set_members_of, strict=True)
+    ]
     device = resolve_device(settings.device)
     options = EvalOptions(
         tree_budgets=tuple(tree_budgets),
@@ -135,5 +147,6 @@ def evaluate_checkpoints(
         progress=progress,
     )
     heads = HeadsCache(settings.heads_cache)
-    return evaluate_many(source or client, loaded, ids, heads_cache=heads, options=options, features=features,
-                         set_members=set_members_of)  # fmt: skip
+    return evaluate_many(
+        source or client, loaded, ids, heads_cache=heads, options=options, features=features, set_members=set_members_of
+    )

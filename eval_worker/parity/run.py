@@ -10,7 +10,9 @@ from pathlib import Path
 
 from cache_server.client import CacheClient
 from eval_worker.checkpoints.loading import load_checkpoint
+from eval_worker.checkpoints.raw import read_raw
 from eval_worker.evaluation.sweep import evaluate_checkpoints, select_prompts, set_members
+from eval_worker.families import family_of
 from eval_worker.parity.compare import compare_prompt, tau
 from eval_worker.parity.engine import EngineNotFit, SpecCounters, VllmEngine
 from eval_worker.settings import EvaluateSettings
@@ -32,11 +34,10 @@ def run_parity(
     its counters' deltas are that prompt's rounds) and compared with the offline chain rounds."""
     info = client.model()
     k = engine.speculative_tokens()
-    loaded = load_checkpoint(checkpoint, info, config_path=config_path, mask_token_id=mask_token_id)
-    if loaded.family == "dflash":  # K drafts after the anchor: a block of K + 1
-        loaded = load_checkpoint(
-            checkpoint, info, config_path=config_path, block_size_override=k + 1, mask_token_id=mask_token_id
-        )
+    block_size, steps = family_of(read_raw(checkpoint, config_path).config).engine_round(k)
+    loaded = load_checkpoint(
+        checkpoint, info, config_path=config_path, block_size_override=block_size, mask_token_id=mask_token_id
+    )
     members = set_members(client, sets)
     ids = select_prompts(client, None, settings.timeout_s, members)[:limit]
     [offline] = evaluate_checkpoints(
@@ -44,7 +45,7 @@ def run_parity(
         [loaded],
         settings,
         prompt_ids=[ids],
-        steps=k if loaded.family == "eagle3" else None,
+        steps=steps,
         set_members_of=[{}],
         progress=False,
     )

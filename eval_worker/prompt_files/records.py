@@ -48,8 +48,9 @@ def read_rows(path: Path) -> Iterator[Mapping[str, Any]]:
         return
     builder = _BUILDERS.get(path.suffix.lower())
     if builder is None:
-        raise ValueError(f"{path}: unknown format {path.suffix!r} (use .jsonl, .json, .csv, .parquet or a "
-                         "save_to_disk directory)")  # fmt: skip
+        raise ValueError(
+            f"{path}: unknown format {path.suffix!r} (use .jsonl, .json, .csv, .parquet or a save_to_disk directory)"
+        )
     yield from datasets.load_dataset(builder, data_files=str(path), split="train")
 
 
@@ -72,8 +73,10 @@ def prompt_of(row: Mapping[str, Any], file: Path, index: int, field: str | None 
     for name in CHAT_FIELDS:
         if row.get(name) is not None:
             return Row(file, index, None, _leading_messages(row[name], where, name))
-    raise BadRow(f"{where}: no prompt field (looked for {', '.join(TEXT_FIELDS)}, instruction, turns, "
-                 f"{', '.join(CHAT_FIELDS)}; name one with --field)")  # fmt: skip
+    raise BadRow(
+        f"{where}: no prompt field (looked for {', '.join(TEXT_FIELDS)}, instruction, turns, "
+        f"{', '.join(CHAT_FIELDS)}; name one with --field)"
+    )
 
 
 def _text(value: Any, where: str, field: str) -> str:

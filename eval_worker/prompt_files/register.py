@@ -71,8 +71,10 @@ def prompt_spec(row: Row, opts: AddOptions, chat_template: bool) -> dict[str, An
         if opts.enable_thinking is not None:
             spec["enable_thinking"] = opts.enable_thinking
     elif row.messages is not None or row.later_turns:
-        raise BadRow(f"{row.file} row {row.index}: a chat or a multi-turn prompt needs the chat template "
-                     "(drop --no-chat-template)")  # fmt: skip
+        raise BadRow(
+            f"{row.file} row {row.index}: a chat or a multi-turn prompt needs the chat template "
+            "(drop --no-chat-template)"
+        )
     else:
         spec["text"] = messages[0]["content"]
     return spec
@@ -87,8 +89,11 @@ def later_turn_spec(row: Row, opts: AddOptions, earlier: list[str], turn: int) -
         messages.append({"role": "user", "content": text + opts.suffix})
         if answered is not None:
             messages.append({"role": "assistant", "response_of": answered})
-    spec: dict[str, Any] = {"name": f"{row.file.name}:{row.index}:turn{turn}", "sets": [opts.set_name],
-                            "messages": messages}  # fmt: skip
+    spec: dict[str, Any] = {
+        "name": f"{row.file.name}:{row.index}:turn{turn}",
+        "sets": [opts.set_name],
+        "messages": messages,
+    }
     if opts.enable_thinking is not None:
         spec["enable_thinking"] = opts.enable_thinking
     return spec

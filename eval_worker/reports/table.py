@@ -46,8 +46,11 @@ def format_report(report: EvalReport) -> str:
     ]
     lines += [_row(f"ddtree-{b}", s) for b, s in sorted(report.summary.trees.items())]
     lines += [_row(f"eagle-{k}", s) for k, s in report.summary.eagle_trees.items()]
-    lines += ["", f"tau = mean over prompts of each prompt's mean round tau (bonus token counted); "
-              f"{report.summary.wall_time_s:.1f} s on {report.device}"]  # fmt: skip
+    lines += [
+        "",
+        f"tau = mean over prompts of each prompt's mean round tau (bonus token counted); "
+        f"{report.summary.wall_time_s:.1f} s on {report.device}",
+    ]
     if report.summary.prompts_not_target_greedy:
         lines.append(
             f"warning: {report.summary.prompts_not_target_greedy} prompts have responses that are not the "

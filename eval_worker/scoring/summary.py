@@ -41,9 +41,11 @@ def summarize_set(results: Sequence[PromptEval], budgets: Sequence[int], eagle_k
 
 
 def by_set(
-    results: Sequence[PromptEval], members: Mapping[str, Sequence[str]], budgets: Sequence[int],
+    results: Sequence[PromptEval],
+    members: Mapping[str, Sequence[str]],
+    budgets: Sequence[int],
     eagle_keys: Sequence[str],
-) -> dict[str, SetSummary]:  # fmt: skip
+) -> dict[str, SetSummary]:
     """Each set's summary over its prompts that were evaluated (a prompt in two sets counts in both)."""
     out = {}
     for name, ids in members.items():

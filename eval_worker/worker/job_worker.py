@@ -11,7 +11,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from cache_server.client import CacheClient, CacheClientError, JobsClient, LeaseLostError, ServerUnreachable
-from eval_worker.checkpoints.loading import LoadedCheckpoint, load_checkpoint
+from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.errors import CheckpointRefused
 from eval_worker.evaluation.sweep import evaluate_checkpoints, feature_cache
 from eval_worker.settings import WorkerSettings
@@ -150,12 +151,17 @@ class JobWorker:
         is recorded on it)."""
         try:
             reports = evaluate_checkpoints(
-                self.client, [loaded[i] for i in batch], self.settings,
-                prompt_ids=[claims[i].prompt_ids for i in batch], tree_budgets=drafts[0],
+                self.client,
+                [loaded[i] for i in batch],
+                self.settings,
+                prompt_ids=[claims[i].prompt_ids for i in batch],
+                tree_budgets=drafts[0],
                 set_members_of=[claims[i].set_members for i in batch],
-                eagle_trees=[EagleTreeShape.parse(t) for t in drafts[1]], steps=drafts[2], progress=False,
+                eagle_trees=[EagleTreeShape.parse(t) for t in drafts[1]],
+                steps=drafts[2],
+                progress=False,
                 features=self.features,
-            )  # fmt: skip
+            )
         except ServerUnreachable:
             raise  # nothing can be reported; the leases expire and the jobs are retried
         except Exception as e:

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from cache_server.api.app import create_app
 from cache_server.settings import ServeSettings
-from tests.support.tensors import parse_torch as parse
+from testing.tensors import parse_torch as parse
 
 
 def serve_settings(model: Path, store: Path, **kw: object) -> ServeSettings:

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from cache_server.capture.target import Target
 from cache_server.generation.engine import EngineRefused, EngineUnavailable, EngineUnfit, response_tokens
 from cache_server.generation.startup import checked_engine
-from tests.support.servers import serving_app
+from testing.servers import serving_app
 
 
 def _engine_app(models: list[str], *, token_ids: bool) -> FastAPI:

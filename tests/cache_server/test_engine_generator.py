@@ -18,10 +18,10 @@ from transformers import AutoModelForCausalLM
 
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
+from testing.engine import VllmServer, vllm_python
+from testing.servers import free_port, running_server, server_metric
+from testing.taps import greedy_continuation
 from tests.cache_server.reference import direct_layer_outputs
-from tests.support.engine import VllmServer, vllm_python
-from tests.support.servers import free_port, running_server, server_metric
-from tests.support.taps import greedy_continuation
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

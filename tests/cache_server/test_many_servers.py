@@ -22,11 +22,11 @@ from cache_server.client import CacheClient
 from cache_server.coordination.database import database_url
 from cache_server.coordination.tables import CAPTURES
 from cache_server.store.hidden_store import HiddenStore
+from testing.fleet import Fleet
+from testing.postgres import fresh_database
+from testing.s3 import fresh_prefix
+from testing.servers import server_metric
 from tests.cache_server.reference import direct_layer_outputs
-from tests.support.fleet import Fleet
-from tests.support.postgres import fresh_database
-from tests.support.s3 import fresh_prefix
-from tests.support.servers import server_metric
 
 pytestmark = pytest.mark.slow
 LAYERS = "0,3,5"
@@ -95,8 +95,9 @@ def test_a_missing_layer_asked_of_two_servers_at_once_is_computed_once(fleet: Fl
         assert server_metric(a, COMPUTED) + server_metric(b, COMPUTED) == before + 1
 
 
-def _read_while_killing(fleet: Fleet, ids: list[str], seen: dict[str, tuple[bytes, datetime]],
-                        errors: list[str], stop: threading.Event) -> None:  # fmt: skip
+def _read_while_killing(
+    fleet: Fleet, ids: list[str], seen: dict[str, tuple[bytes, datetime]], errors: list[str], stop: threading.Event
+) -> None:
     """Fetches every ready prompt from a random live server, over and over: each must always be the
     bytes first seen for it (nothing half-written is ever served)."""
     rng = random.Random(0)
@@ -160,8 +161,14 @@ def test_servers_killed_mid_capture_lose_nothing_and_compute_nothing_twice(fleet
     assert len(rows) == 60 and all(r.status == "done" and r.published for r in rows)
     # Every prompt was published once: its manifest is the one that existed when it was first served.
     info = httpx.get(f"{live[0]}/model").json()
-    with HiddenStore(fleet.store, fingerprint=info["fingerprint"], model_name=info["name"], hidden_size=64,
-                     dtype=torch.float32, orphan_grace_s=3600) as store:  # fmt: skip
+    with HiddenStore(
+        fleet.store,
+        fingerprint=info["fingerprint"],
+        model_name=info["name"],
+        hidden_size=64,
+        dtype=torch.float32,
+        orphan_grace_s=3600,
+    ) as store:
         for pid in ids:
             m = store.manifest(pid)
             assert m is not None and datetime.fromisoformat(m.created_at) <= seen[pid][1]

@@ -10,9 +10,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eval_worker.drafters.config import DrafterConfig
-from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.drafters.dflash_config import DFlashConfig
 from schemas.model import ModelInfo
+from testing.live_loop import target_heads
+from testing.tiny_trainer import Sequences, TinyTrainer, make_sequences, tiny_drafter_config
 from tests.eval_worker.helpers import (
     BLOCK_SIZE,
     EAGLE_LAYER_IDS,
@@ -21,8 +23,6 @@ from tests.eval_worker.helpers import (
     NEW_TOKENS,
     TRAIN_TEXTS,
 )
-from tests.support.live_loop import target_heads
-from tests.support.tiny_trainer import Sequences, TinyTrainer, make_sequences, tiny_drafter_config
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -67,12 +67,12 @@ def sequences(target: Any, prompts: list[list[int]]) -> Sequences:
 
 
 @pytest.fixture(scope="session")
-def drafter_config(target: Any) -> DrafterConfig:
+def drafter_config(target: Any) -> DFlashConfig:
     return tiny_drafter_config(target.config, LAYER_IDS, block_size=BLOCK_SIZE, num_layers=1)
 
 
 @pytest.fixture(scope="session")
-def trained_drafter(target: Any, sequences: Sequences, drafter_config: DrafterConfig) -> DFlashDrafter:
+def trained_drafter(target: Any, sequences: Sequences, drafter_config: DFlashConfig) -> DFlashDrafter:
     """A drafter trained briefly on the training prompts' continuations: right often, not always."""
     torch.manual_seed(0)
     drafter = DFlashDrafter(drafter_config, len(LAYER_IDS))

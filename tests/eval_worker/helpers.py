@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from eval_worker.drafters.config import DrafterConfig
-from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.drafters.dflash_config import DFlashConfig
 from schemas.model import ModelInfo
 
 LAYER_IDS = (1, 3, 5)  # includes the last decoder layer (5 of 6), which needs the hook
@@ -25,7 +25,7 @@ TRAIN_TEXTS = [
 HELD_OUT_TEXTS = ["print(x.sum(axis=0))", "Answer: Paris is"]
 
 
-def random_drafter(cfg: DrafterConfig, num_taps: int, seed: int = 0) -> DFlashDrafter:
+def random_drafter(cfg: DFlashConfig, num_taps: int, seed: int = 0) -> DFlashDrafter:
     """An untrained drafter with non-trivial norm weights (so a wrong norm placement shows)."""
     torch.manual_seed(seed)
     drafter = DFlashDrafter(cfg, num_taps)
@@ -38,7 +38,7 @@ def random_drafter(cfg: DrafterConfig, num_taps: int, seed: int = 0) -> DFlashDr
     return drafter.eval()
 
 
-def small_config(**overrides: Any) -> DrafterConfig:
+def small_config(**overrides: Any) -> DFlashConfig:
     """A 2-layer GQA drafter config of hidden 32 (4 heads of 8, 2 kv heads)."""
     fields: dict[str, Any] = {
         "hidden_size": 32,
@@ -55,7 +55,7 @@ def small_config(**overrides: Any) -> DrafterConfig:
         "num_target_layers": 6,
     }
     fields.update(overrides)
-    return DrafterConfig(**fields)
+    return DFlashConfig(**fields)
 
 
 def small_target(num_layers: int = 6, hidden: int = 32, vocab: int = 100) -> ModelInfo:

@@ -15,16 +15,17 @@ import torch
 from cache_server.client import CacheClient
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
-from eval_worker.drafters.model import DFlashDrafter
-from eval_worker.evaluation.evaluate import EvalOptions, evaluate
+from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache
+from eval_worker.evaluation.options import EvalOptions
 from eval_worker.exit_codes import ExitCode
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
+from testing.checkpoints import save_hf_checkpoint, save_torch_checkpoint
+from testing.servers import HIDDEN_REQUESTS, free_port, running_server, server_metric
+from testing.tiny_trainer import Sequences
 from tests.eval_worker.evaluation.test_evaluate import TinySource
-from tests.support.checkpoints import save_hf_checkpoint, save_torch_checkpoint
-from tests.support.servers import HIDDEN_REQUESTS, free_port, running_server, server_metric
-from tests.support.tiny_trainer import Sequences
 
 pytestmark = pytest.mark.slow
 
@@ -88,9 +89,13 @@ def test_evaluate_against_a_real_server_matches_in_process_ground_truth(
 
 
 def test_feature_requests_spread_over_several_servers_with_the_same_result(
-    server: tuple[str, list[str]], tiny_target: Path, store: Path, trained_drafter: DFlashDrafter, tmp_path: Path,
+    server: tuple[str, list[str]],
+    tiny_target: Path,
+    store: Path,
+    trained_drafter: DFlashDrafter,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     url, ids = server
     ckpt = save_torch_checkpoint(tmp_path / "step_5.pt", trained_drafter, global_step=5, epoch=1)
     monkeypatch.setenv("EVAL_WORKER_HEADS_CACHE", str(tmp_path / "heads"))
@@ -206,8 +211,10 @@ def test_a_sweep_fetches_each_prompt_once_and_writes_a_report_per_checkpoint(
         ids
     )  # one GET /hidden per prompt for all three checkpoints
 
-    reports = [EvalReport.model_validate_json((tmp_path / "reports" / n).read_text()) for n in
-               ("step_1.json", "step_2.json", "final.json")]  # fmt: skip
+    reports = [
+        EvalReport.model_validate_json((tmp_path / "reports" / n).read_text())
+        for n in ("step_1.json", "step_2.json", "final.json")
+    ]
     alone = EvalReport.model_validate_json(single.read_text())
     for report in reports:
         assert [p.chain for p in report.prompts] == [p.chain for p in alone.prompts]

@@ -16,13 +16,13 @@ from cache_server.capture.target import Target
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.cli import main
-from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.drafters.dflash import DFlashDrafter
 from schemas.prompts import PromptSpec
+from testing.checkpoints import save_hf_checkpoint
+from testing.live_loop import target_heads
+from testing.servers import running_server
+from testing.tiny_trainer import Sequences, TinyTrainer, make_sequences, tiny_drafter_config
 from tests.eval_worker.helpers import BLOCK_SIZE, NEW_TOKENS, TRAIN_TEXTS
-from tests.support.checkpoints import save_hf_checkpoint
-from tests.support.live_loop import target_heads
-from tests.support.servers import running_server
-from tests.support.tiny_trainer import Sequences, TinyTrainer, make_sequences, tiny_drafter_config
 
 pytestmark = pytest.mark.slow
 LAST = [5]  # one tap, the last decoder layer of 6: the drafter reads nothing else

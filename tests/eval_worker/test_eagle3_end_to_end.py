@@ -15,19 +15,19 @@ import pytest
 from cache_server.client import CacheClient, JobsClient
 from eval_worker.cli import main
 from eval_worker.drafters.eagle3 import Eagle3Drafter
-from eval_worker.evaluation.eagle_walks import CHAIN, walk_eagle_prompts
-from eval_worker.evaluation.walks import DraftCost, PromptFeatures
+from eval_worker.evaluation.eagle3_walks import CHAIN, walk_eagle_prompts
+from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
 from eval_worker.exit_codes import ExitCode
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobStatus
 from schemas.report import EvalReport
 from schemas.trees import EagleTreeShape
+from testing.eagle3 import eagle3_config, frequent_d2t, random_eagle3, save_eagle3, train_eagle3
+from testing.live_loop import target_heads
+from testing.servers import running_server
+from testing.tiny_trainer import Sequences
 from tests.eval_worker.helpers import EAGLE_LAYER_IDS, TRAIN_TEXTS
-from tests.support.eagle3 import eagle3_config, frequent_d2t, random_eagle3, save_eagle3, train_eagle3
-from tests.support.live_loop import target_heads
-from tests.support.servers import running_server
-from tests.support.tiny_trainer import Sequences
 
 pytestmark = pytest.mark.slow
 WRITTEN = {"eagle": None, "specforge": [1, 5, 8], "speculators": [2, 6, 9]}  # all decoder outputs [1, 5, 8]
@@ -60,20 +60,40 @@ def served(
 
 
 def test_every_layout_evaluates_to_the_in_process_walk(
-    served: tuple[str, Path], drafter: Eagle3Drafter, eagle_target: Any, eagle_sequences: Sequences,
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    served: tuple[str, Path],
+    drafter: Eagle3Drafter,
+    eagle_target: Any,
+    eagle_sequences: Sequences,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     url, _ = served
     monkeypatch.setenv("EVAL_WORKER_HEADS_CACHE", str(tmp_path / "heads"))
     paths = [save_eagle3(tmp_path / layout, drafter, layout, layer_ids=ids) for layout, ids in WRITTEN.items()]
-    argv = ["evaluate", *map(str, paths), "--server", url, "--all-prompts", "--steps", "3", "--eagle-tree", TREE.key,
-            "--device", "cpu", "--out-dir", str(tmp_path / "reports")]  # fmt: skip
+    argv = [
+        "evaluate",
+        *map(str, paths),
+        "--server",
+        url,
+        "--all-prompts",
+        "--steps",
+        "3",
+        "--eagle-tree",
+        TREE.key,
+        "--device",
+        "cpu",
+        "--out-dir",
+        str(tmp_path / "reports"),
+    ]
     assert main(argv) == 0
     reports = [EvalReport.model_validate_json((tmp_path / "reports" / f"{p.name}.json").read_text()) for p in paths]
 
     seqs = eagle_sequences
-    prompts = [PromptFeatures(t, ids.tolist(), n) for t, ids, n in zip(seqs.taps, seqs.token_ids, seqs.prompt_lens,
-                                                                       strict=True)]  # fmt: skip
+    prompts = [
+        PromptFeatures(t, ids.tolist(), n)
+        for t, ids, n in zip(seqs.taps, seqs.token_ids, seqs.prompt_lens, strict=True)
+    ]
     truth = walk_eagle_prompts(drafter, prompts, target_heads(eagle_target)[0], steps=3, trees=[TREE], cost=DraftCost())
     for report, (layout, written) in zip(reports, WRITTEN.items(), strict=True):
         assert (report.drafter_family, report.layout, report.steps) == ("eagle3", layout, 3)
@@ -98,14 +118,23 @@ def test_every_layout_evaluates_to_the_in_process_walk(
 
 
 def test_a_narrower_drafter_with_its_own_embedding(
-    served: tuple[str, Path], eagle_target: Any, eagle_sequences: Sequences, tmp_path: Path,
+    served: tuple[str, Path],
+    eagle_target: Any,
+    eagle_sequences: Sequences,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     """hidden 32 reading taps of the 64-wide target (`target_hidden_size`), embedding from the checkpoint."""
     url, _ = served
     monkeypatch.setenv("EVAL_WORKER_HEADS_CACHE", str(tmp_path / "heads"))
-    narrow = replace(eagle3_config(eagle_target.config), hidden_size=32, num_attention_heads=4,
-                     num_key_value_heads=2, head_dim=8, intermediate_size=48)  # fmt: skip
+    narrow = replace(
+        eagle3_config(eagle_target.config),
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+    )
     drafter = random_eagle3(narrow, 3, seed=7, has_embed=True)
     assert drafter.cfg.target_hidden_size == 64
     path = save_eagle3(tmp_path / "narrow", drafter, "speculators", layer_ids=[2, 6, 9])
@@ -114,8 +143,10 @@ def test_a_narrower_drafter_with_its_own_embedding(
     assert main(argv) == 0
     report = EvalReport.model_validate_json(out.read_text())
     seqs = eagle_sequences
-    prompts = [PromptFeatures(t, ids.tolist(), n) for t, ids, n in zip(seqs.taps, seqs.token_ids, seqs.prompt_lens,
-                                                                       strict=True)]  # fmt: skip
+    prompts = [
+        PromptFeatures(t, ids.tolist(), n)
+        for t, ids, n in zip(seqs.taps, seqs.token_ids, seqs.prompt_lens, strict=True)
+    ]
     truth = walk_eagle_prompts(drafter, prompts, drafter.embed_tokens.weight, steps=3, trees=[], cost=DraftCost())
     assert report.steps == 3  # the speculators config names 3 speculative tokens
     assert [p.chain.round_taus for p in report.prompts] == [w[CHAIN] for w in truth]

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from eval_worker.cli import main
-from eval_worker.evaluation.evaluate import EvalOptions
+from eval_worker.evaluation.options import EvalOptions
 from eval_worker.exit_codes import ExitCode
 from tests.cache_server.helpers import app_client
 

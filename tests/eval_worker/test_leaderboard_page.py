@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from cache_server.client import CacheClient, JobsClient
-from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobStatus
-from tests.support.browser import CHROMIUM, headless
-from tests.support.checkpoints import save_torch_checkpoint
-from tests.support.servers import running_server
-from tests.support.tiny_trainer import Sequences
+from testing.browser import CHROMIUM, headless
+from testing.checkpoints import save_torch_checkpoint
+from testing.servers import running_server
+from testing.tiny_trainer import Sequences
 
 pytestmark = pytest.mark.slow
 
@@ -38,8 +38,10 @@ def test_the_page_shows_the_reports_in_a_real_browser(
     root = tmp_path / "runs"
     for step in (10, 20):
         save_torch_checkpoint(root / "v1" / f"step_{step}.pt", trained_drafter, global_step=step, epoch=0)
-    specs = [{"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist(), "sets": ["a" if i < 4 else "b"]}
-             for i, (ids, n) in enumerate(zip(sequences.token_ids, sequences.prompt_lens, strict=True))]  # fmt: skip
+    specs = [
+        {"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist(), "sets": ["a" if i < 4 else "b"]}
+        for i, (ids, n) in enumerate(zip(sequences.token_ids, sequences.prompt_lens, strict=True))
+    ]
     with running_server(tiny_target, tmp_path / "store", "--checkpoint-root", str(root)) as url:
         with CacheClient(url) as client:
             client.wait_ready([p.prompt_id for p in client.register(specs)])

@@ -18,21 +18,29 @@ from cache_server.capture.target import Target
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.cli import main
+from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.drafters.eagle3 import Eagle3Drafter
-from eval_worker.drafters.model import DFlashDrafter
 from eval_worker.exit_codes import ExitCode
 from schemas.parity import ParityReport
 from schemas.prompts import PromptSpec
-from tests.support.checkpoints import engine_keys, save_hf_checkpoint
-from tests.support.eagle3 import eagle3_config, frequent_d2t, save_eagle3, train_eagle3
-from tests.support.engine import VllmServer, vllm_python
-from tests.support.servers import free_port, running_server
-from tests.support.tiny_trainer import TinyTrainer, make_sequences, tiny_drafter_config
+from testing.checkpoints import engine_keys, save_hf_checkpoint
+from testing.eagle3 import eagle3_config, frequent_d2t, save_eagle3, train_eagle3
+from testing.engine import VllmServer, vllm_python
+from testing.servers import free_port, running_server
+from testing.tiny_trainer import TinyTrainer, make_sequences, tiny_drafter_config
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-TRAIN = ["def fib(n):", "The quick brown fox", "import numpy as np", "for i in range(10):", "class Stack:",
-         "Question: what is the capital", "print(x.sum(axis=0))", "Speculative decoding drafts"]  # fmt: skip
+TRAIN = [
+    "def fib(n):",
+    "The quick brown fox",
+    "import numpy as np",
+    "for i in range(10):",
+    "class Stack:",
+    "Question: what is the capital",
+    "print(x.sum(axis=0))",
+    "Speculative decoding drafts",
+]
 HELD_OUT = ["A drafter reads the hidden", "return fib(n - 1) + fib"]
 LAYERS, BLOCK, NEW_TOKENS = [1, 3, 5], 8, 48
 SPECULATIVE = {"dflash": BLOCK - 1, "eagle3": 4}

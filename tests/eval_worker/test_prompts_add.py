@@ -15,28 +15,34 @@ from transformers import AutoTokenizer
 from cache_server.client import CacheClient
 from eval_worker.cli import main
 from eval_worker.exit_codes import ExitCode
-from tests.support.servers import running_server
+from testing.servers import running_server
 
 pytestmark = pytest.mark.slow
-GSM8K = [{"question": "Tom has 3 apples and buys 4 more. How many?", "answer": "7"},
-         {"question": "What is 6 times 7?", "answer": "42"}]  # fmt: skip
-HUMANEVAL = [{"task_id": "HumanEval/0", "prompt": "def add(a, b):\n"},
-             {"task_id": "HumanEval/1", "prompt": "def fib(n):\n"}]  # fmt: skip
+GSM8K = [
+    {"question": "Tom has 3 apples and buys 4 more. How many?", "answer": "7"},
+    {"question": "What is 6 times 7?", "answer": "42"},
+]
+HUMANEVAL = [
+    {"task_id": "HumanEval/0", "prompt": "def add(a, b):\n"},
+    {"task_id": "HumanEval/1", "prompt": "def fib(n):\n"},
+]
 SUFFIX = " Please reason step by step."
-MT_BENCH = [{"question_id": 81, "turns": ["Write a haiku about Python.", "Now make it rhyme."]},
-            {"question_id": 82, "turns": ["Name a prime number.", "Is it even?"]}]  # fmt: skip
+MT_BENCH = [
+    {"question_id": 81, "turns": ["Write a haiku about Python.", "Now make it rhyme."]},
+    {"question_id": 82, "turns": ["Name a prime number.", "Is it even?"]},
+]
 
 
 def _render(tokenizer: Any, text: str | list[dict[str, str]], thinking: bool | None) -> list[int]:
     messages = [{"role": "user", "content": text}] if isinstance(text, str) else text
     extra = {} if thinking is None else {"enable_thinking": thinking}
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                        **extra)  # fmt: skip
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True, **extra)
     return list(out["input_ids"])
 
 
-def test_sets_from_files_render_as_the_chat_template(tiny_target: Path, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_sets_from_files_render_as_the_chat_template(
+    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_target)
     gsm8k = tmp_path / "gsm8k.parquet"
     datasets.Dataset.from_list(GSM8K).to_parquet(str(gsm8k))
@@ -56,9 +62,11 @@ def test_sets_from_files_render_as_the_chat_template(tiny_target: Path, tmp_path
         assert "2 prompts registered in set 'gsm8k'" in capsys.readouterr().out
         with CacheClient(url) as client:
             client.wait_ready([p.prompt_id for p in client.prompts()])
-            for name, rows, field, thinking, suffix in (("gsm8k", GSM8K, "question", False, SUFFIX),
-                                                        ("gsm8k-think", GSM8K, "question", True, SUFFIX),
-                                                        ("humaneval", HUMANEVAL, "prompt", None, "")):  # fmt: skip
+            for name, rows, field, thinking, suffix in (
+                ("gsm8k", GSM8K, "question", False, SUFFIX),
+                ("gsm8k-think", GSM8K, "question", True, SUFFIX),
+                ("humaneval", HUMANEVAL, "prompt", None, ""),
+            ):
                 states = [client.prompt(p.prompt_id) for p in client.prompts(set_name=name)]
                 assert [s.token_ids[: s.prompt_len] for s in states] == [
                     _render(tokenizer, r[field] + suffix, thinking) for r in rows
@@ -72,25 +80,44 @@ def test_sets_from_files_render_as_the_chat_template(tiny_target: Path, tmp_path
             assert all(s.chat_template_sha256 is None for s in plain)
             # Two turns per conversation, each its own prompt: turn 2 holds the target's own answer to turn 1.
             turns = [client.prompt(p.prompt_id) for p in client.prompts(set_name="mt-bench")]
-            assert [s.name for s in turns] == ["mt_bench.jsonl:0", "mt_bench.jsonl:1", "mt_bench.jsonl:0:turn2",
-                                               "mt_bench.jsonl:1:turn2"]  # fmt: skip
+            assert [s.name for s in turns] == [
+                "mt_bench.jsonl:0",
+                "mt_bench.jsonl:1",
+                "mt_bench.jsonl:0:turn2",
+                "mt_bench.jsonl:1:turn2",
+            ]
             for first, second, row in zip(turns[:2], turns[2:], MT_BENCH, strict=True):
                 assert first.token_ids[: first.prompt_len] == _render(tokenizer, row["turns"][0], False)
                 answer = tokenizer.decode(first.token_ids[first.prompt_len :], skip_special_tokens=True)
-                chat = [{"role": "user", "content": row["turns"][0]}, {"role": "assistant", "content": answer},
-                        {"role": "user", "content": row["turns"][1]}]  # fmt: skip
+                chat = [
+                    {"role": "user", "content": row["turns"][0]},
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": row["turns"][1]},
+                ]
                 assert second.token_ids[: second.prompt_len] == _render(tokenizer, chat, False)
                 assert second.num_tokens == second.prompt_len + 4
             counts = {s.name: (s.total, s.ready) for s in client.sets().sets}
-        assert counts == {"gsm8k": (2, 2), "gsm8k-think": (2, 2), "humaneval": (2, 2), "humaneval-disk": (2, 2),
-                          "mt-bench": (4, 4)}  # fmt: skip
+        assert counts == {
+            "gsm8k": (2, 2),
+            "gsm8k-think": (2, 2),
+            "humaneval": (2, 2),
+            "humaneval-disk": (2, 2),
+            "mt-bench": (4, 4),
+        }
 
 
-def test_a_malformed_row_registers_nothing_unless_skipped(tiny_target: Path, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_malformed_row_registers_nothing_unless_skipped(
+    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "mixed.jsonl"
-    bad.write_text(json.dumps({"question": "fine"}) + "\n" + json.dumps({"question": ""}) + "\n"
-                   + json.dumps({"turns": ["one", 2]}) + "\n")  # fmt: skip
+    bad.write_text(
+        json.dumps({"question": "fine"})
+        + "\n"
+        + json.dumps({"question": ""})
+        + "\n"
+        + json.dumps({"turns": ["one", 2]})
+        + "\n"
+    )
     with running_server(tiny_target, tmp_path / "store") as url:
         base = ["prompts", "add", str(bad), "--server", url, "--set", "mixed", "--max-new-tokens", "2"]
         assert main(base) == ExitCode.usage

@@ -10,27 +10,33 @@ import pytest
 
 from cache_server.client import CacheClient, JobsClient
 from eval_worker.cli import main
-from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobStatus
 from schemas.report import EvalReport
-from tests.support.checkpoints import save_torch_checkpoint
-from tests.support.servers import running_server
-from tests.support.tiny_trainer import Sequences
+from testing.checkpoints import save_torch_checkpoint
+from testing.servers import running_server
+from testing.tiny_trainer import Sequences
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_job_on_two_sets_equals_each_set_alone(
-    tiny_target: Path, tmp_path: Path, sequences: Sequences, trained_drafter: DFlashDrafter,
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    tiny_target: Path,
+    tmp_path: Path,
+    sequences: Sequences,
+    trained_drafter: DFlashDrafter,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     monkeypatch.setenv("EVAL_WORKER_HEADS_CACHE", str(tmp_path / "heads"))
     root = tmp_path / "runs"
     ckpt = save_torch_checkpoint(root / "step_5.pt", trained_drafter, global_step=5, epoch=0)
-    specs = [{"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist()}
-             for ids, n in zip(sequences.token_ids, sequences.prompt_lens, strict=True)]  # fmt: skip
+    specs = [
+        {"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist()}
+        for ids, n in zip(sequences.token_ids, sequences.prompt_lens, strict=True)
+    ]
     in_a, in_b = {0, 1, 2, 3, 4}, {3, 4, 5, 6, 7}  # two prompts in both
     for i, spec in enumerate(specs):
         spec["sets"] = [name for name, members in (("a", in_a), ("b", in_b)) if i in members]

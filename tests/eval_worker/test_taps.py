@@ -4,7 +4,7 @@ from typing import Any
 
 import torch
 
-from tests.support.taps import target_forward
+from testing.taps import target_forward
 
 
 def test_taps_follow_the_layer_convention(target: Any) -> None:

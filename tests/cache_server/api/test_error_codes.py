@@ -37,8 +37,8 @@ from cache_server.client.errors import error_class
 from cache_server.compute.service import HiddenStateService
 from cache_server.settings import ServeSettings
 from schemas.errors import STATUS, ErrorCode
+from testing.servers import serving_app
 from tests.cache_server.helpers import serve_settings
-from tests.support.servers import serving_app
 
 TOKEN = "s3cret"
 FAILS, WAITS = 13, 14  # prompts starting with these token ids fail in the target / wait for a gate

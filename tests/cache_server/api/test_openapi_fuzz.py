@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.servers import running_server
+from testing.servers import running_server
 
 pytestmark = pytest.mark.slow
 
@@ -22,8 +22,22 @@ def test_no_route_answers_what_its_document_does_not_declare(tiny_target: Path, 
     root.mkdir()
     with running_server(tiny_target, tmp_path / "store", "--checkpoint-root", str(root)) as url:
         done = subprocess.run(
-            [cli, "run", f"{url}/openapi.json", "--checks", "status_code_conformance,not_a_server_error",
-             "--max-examples", "40", "--seed", "1", "--workers", "1", "--no-color"],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            [
+                cli,
+                "run",
+                f"{url}/openapi.json",
+                "--checks",
+                "status_code_conformance,not_a_server_error",
+                "--max-examples",
+                "40",
+                "--seed",
+                "1",
+                "--workers",
+                "1",
+                "--no-color",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert done.returncode == 0, done.stdout[-6000:]

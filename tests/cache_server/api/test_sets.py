@@ -19,23 +19,30 @@ def test_registrations_record_sets_template_and_thinking(tiny_target: Path, tmp_
     tokenizer = AutoTokenizer.from_pretrained(tiny_target)
     settings = serve_settings(tiny_target, tmp_path / "store", checkpoint_root=tmp_path)
     with TestClient(create_app(settings)) as client:
-        plain, thinking_off, thinking_on = register_ready(client, [
-            {"text": "def fib(n):", "sets": ["humaneval"]},
-            {"messages": QUESTION, "enable_thinking": False, "sets": ["gsm8k"]},
-            {"messages": QUESTION, "enable_thinking": True, "sets": ["gsm8k", "both"]},
-        ])  # fmt: skip
+        plain, thinking_off, thinking_on = register_ready(
+            client,
+            [
+                {"text": "def fib(n):", "sets": ["humaneval"]},
+                {"messages": QUESTION, "enable_thinking": False, "sets": ["gsm8k"]},
+                {"messages": QUESTION, "enable_thinking": True, "sets": ["gsm8k", "both"]},
+            ],
+        )
         register_ready(client, [{"text": "def fib(n):", "sets": ["both"]}])  # the same prompt joins a second set
         template = hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()
         for pid, thinking in ((thinking_off, False), (thinking_on, True)):
             state = client.get(f"/prompts/{pid}").json()
-            want = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, enable_thinking=thinking,
-                                                 tokenize=True, return_dict=True)["input_ids"]  # fmt: skip
+            want = tokenizer.apply_chat_template(
+                QUESTION, add_generation_prompt=True, enable_thinking=thinking, tokenize=True, return_dict=True
+            )["input_ids"]
             assert state["token_ids"][: state["prompt_len"]] == list(want)
             assert (state["chat_template_sha256"], state["enable_thinking"]) == (template, thinking)
         assert thinking_off != thinking_on  # the template renders them differently
         state = client.get(f"/prompts/{plain}").json()
-        assert (state["sets"], state["chat_template_sha256"], state["enable_thinking"]) == (["both", "humaneval"],
-                                                                                            None, None)  # fmt: skip
+        assert (state["sets"], state["chat_template_sha256"], state["enable_thinking"]) == (
+            ["both", "humaneval"],
+            None,
+            None,
+        )
         assert metric(client, "cache_server_prompts_pending") == 0
         sets = {s["name"]: s for s in client.get("/sets").json()["sets"]}
         GREEDY = {"greedy_mismatches": 0, "prompts_not_greedy": 0}  # no response: nothing to disagree with
@@ -46,10 +53,14 @@ def test_registrations_record_sets_template_and_thinking(tiny_target: Path, tmp_
         }
         page = client.get("/prompts", params={"set": "both"}).json()
         assert (page["total"], [p["prompt_id"] for p in page["prompts"]]) == (2, [thinking_on, plain])
-        assert "no prompt set 'nope'" in error_message(client.get("/prompts", params={"set": "nope"}), 422,
-                                                       "unknown_sets")  # fmt: skip
-        follow_up = [{"role": "user", "content": "Q"}, {"role": "assistant", "response_of": plain},
-                     {"role": "user", "content": "And then?"}]  # fmt: skip
+        assert "no prompt set 'nope'" in error_message(
+            client.get("/prompts", params={"set": "nope"}), 422, "unknown_sets"
+        )
+        follow_up = [
+            {"role": "user", "content": "Q"},
+            {"role": "assistant", "response_of": plain},
+            {"role": "user", "content": "And then?"},
+        ]
         [second] = register_ready(client, [{"messages": follow_up}])
         answer = client.get(f"/prompts/{plain}").json()
         text = tokenizer.decode(answer["token_ids"][answer["prompt_len"] :], skip_special_tokens=True)
@@ -79,8 +90,9 @@ def test_registrations_record_sets_template_and_thinking(tiny_target: Path, tmp_
         assert "['nope'] do not exist" in error_message(
             client.post("/jobs", json={"checkpoint": "step_1.pt", "sets": ["nope"]}), 422, "unknown_sets"
         )
-        error_message(client.post("/jobs", json={"checkpoint": "step_1.pt", "sets": ["gsm8k"], "prompts": [plain]}),
-                      422)  # fmt: skip
+        error_message(
+            client.post("/jobs", json={"checkpoint": "step_1.pt", "sets": ["gsm8k"], "prompts": [plain]}), 422
+        )
 
     with TestClient(create_app(settings)) as client:  # restarted: membership was persisted
         assert [s["total"] for s in client.get("/sets").json()["sets"]] == [2, 2, 1]

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM
 
 from cache_server.client import CacheClient, InvalidRequestError, NotFoundError, ServerUnreachable
 from schemas.prompts import PromptStatus
+from testing.servers import free_port, running_server
 from tests.cache_server.reference import direct_layer_outputs
-from tests.support.servers import free_port, running_server
 
 pytestmark = pytest.mark.slow
 

@@ -20,9 +20,9 @@ from cache_server.client import (
 )
 from schemas.jobs import JobStatus
 from schemas.report import EvalReport
+from testing.servers import running_server
 from tests.cache_server.helpers import error_response
 from tests.cache_server.jobs_helpers import checkpoint_tree, report_body
-from tests.support.servers import running_server
 
 
 def _jobs(handler, token: str | None = None) -> JobsClient:  # type: ignore[no-untyped-def]

@@ -14,8 +14,8 @@ from cache_server.api.app import create_app
 from cache_server.client import CacheClient, OutMismatch
 from cache_server.store import chunks
 from schemas.pieces import read_pieces_header
+from testing.servers import serving_app
 from tests.cache_server.helpers import register_ready, serve_settings
-from tests.support.servers import serving_app
 
 TOKENS = list(range(5, 45))  # 40 tokens: three 16-row chunks below
 RANGES = [(None, None), (3, 37), (16, 32), (31, 33), (39, 40)]

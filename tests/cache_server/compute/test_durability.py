@@ -23,8 +23,12 @@ def serve(model: Path, store: str, tmp_path: Path, **kw: Any) -> TestClient:
 def published(store: str) -> list[str]:
     """The manifests in the store (one per published prompt)."""
     blobs = open_blobs(store)
-    return [o.key for fp in blobs.children("") for o in blobs.objects(f"{fp}/prompts") if o.key.endswith("/zarr.json")
-            and o.key.count("/") == 3]  # fmt: skip
+    return [
+        o.key
+        for fp in blobs.children("")
+        for o in blobs.objects(f"{fp}/prompts")
+        if o.key.endswith("/zarr.json") and o.key.count("/") == 3
+    ]
 
 
 TOKENS = [5, 17, 300, 42, 9, 120, 77, 3, 250, 11, 64, 65]

@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 from cache_server.api.app import build_service, create_app
 from cache_server.compute.service import HiddenStateService
 from cache_server.settings import ServeSettings
+from testing.postgres import PostgresCluster, postgres_bin
 from tests.cache_server.helpers import register_ready, serve_settings
-from tests.support.postgres import PostgresCluster, postgres_bin
 
 DIES = 15  # a prompt starting with this token id ends the compute thread
 

@@ -18,8 +18,8 @@ from cache_server.compute.bodies import hidden_body
 from cache_server.compute.streaming import BlockBuffers, hidden_stream, row_blocks
 from cache_server.store import chunks
 from cache_server.store.hidden_store import HiddenStore
+from testing.servers import running_server
 from tests.cache_server.helpers import app_client, register_ready
-from tests.support.servers import running_server
 
 TOKENS = list(range(5, 45))  # 40 tokens
 

@@ -18,7 +18,7 @@ from cache_server.coordination.captures import CaptureQueue
 from cache_server.coordination.database import Database
 from cache_server.coordination.notices import Notice
 from cache_server.coordination.tables import CAPTURES
-from tests.support.postgres import fresh_database
+from testing.postgres import fresh_database
 
 
 @pytest.fixture

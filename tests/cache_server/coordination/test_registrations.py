@@ -40,8 +40,9 @@ def test_two_servers_see_each_others_registrations_and_sets(db_location: str) ->
 
 
 def test_registrations_kept_in_an_older_store_are_taken_over(tmp_path: Path) -> None:
-    with HiddenStore(tmp_path / "store", fingerprint="fp", model_name="m", hidden_size=16,
-                     dtype=torch.float32) as store:  # fmt: skip
+    with HiddenStore(
+        tmp_path / "store", fingerprint="fp", model_name="m", hidden_size=16, dtype=torch.float32
+    ) as store:
         regs = [registration(n) for n in range(3)]
         for reg in regs:  # the layout servers used before the coordination database
             store.blobs.put(f"fp/requests/{reg.prompt_id}.json", reg.model_dump_json().encode())

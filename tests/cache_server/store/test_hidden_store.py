@@ -26,7 +26,7 @@ from cache_server.store.manifest import (
     StoreInputError,
 )
 from schemas.layers import LAYER_CONVENTION
-from tests.support.tensors import as_numpy, as_tensor
+from testing.tensors import as_numpy, as_tensor
 
 H = 16
 T = 40
@@ -302,8 +302,11 @@ def test_failed_publish_leaves_nothing_visible(
 ) -> None:
     store = open_store()
     put = store.blobs.put
-    suffix = {"a chunk": "/layers/0/c/1/0", "an array's zarr.json": "/layers/0/zarr.json",
-              "the manifest": "/p1/zarr.json"}[fails]  # fmt: skip
+    suffix = {
+        "a chunk": "/layers/0/c/1/0",
+        "an array's zarr.json": "/layers/0/zarr.json",
+        "the manifest": "/p1/zarr.json",
+    }[fails]
 
     def crash(key: str, data: bytes | memoryview, *, create: bool = False) -> None:
         if key.endswith(suffix):
@@ -415,9 +418,14 @@ def test_other_array_layouts_are_read_through_zarr(open_store: OpenStore, small_
     assert m is not None and m.layer_crc32 is not None
     store.blobs.put(
         f"{store.namespace}/prompts/p1/zarr.json",
-        json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {"manifest": {
-            **m.model_dump(mode="json"), "layer_crc32": {"0": m.layer_crc32[0]}}}}).encode(),
-    )  # fmt: skip
+        json.dumps(
+            {
+                "zarr_format": 3,
+                "node_type": "group",
+                "attributes": {"manifest": {**m.model_dump(mode="json"), "layer_crc32": {"0": m.layer_crc32[0]}}},
+            }
+        ).encode(),
+    )
     store = open_store()
     for start, stop in RANGES:
         want = torch.cat([layers[k][start:stop] for k in (1, 0)], dim=1)
@@ -537,8 +545,14 @@ def test_a_new_prompt_is_published_once(open_store: OpenStore, monkeypatch: pyte
 
 # rows x width x dtype: one chunk with a shorter last block, one below a block, whole blocks then a
 # shorter one over several chunks (the last padded), incompressible data stored as is.
-RANGE_SHAPES = [(756, 512, torch.float32), (37, 640, torch.bfloat16), (900, 5120, torch.bfloat16),
-                (1500, 640, torch.float32), (2051, 1536, torch.float16), (300, 2560, "noise")]  # fmt: skip
+RANGE_SHAPES = [
+    (756, 512, torch.float32),
+    (37, 640, torch.bfloat16),
+    (900, 5120, torch.bfloat16),
+    (1500, 640, torch.float32),
+    (2051, 1536, torch.float16),
+    (300, 2560, "noise"),
+]
 
 
 @pytest.mark.parametrize(("rows", "width", "kind"), RANGE_SHAPES, ids=lambda v: str(v).removeprefix("torch."))

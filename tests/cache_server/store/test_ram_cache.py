@@ -10,7 +10,7 @@ import torch
 
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.ram_cache import RamCache
-from tests.support.tensors import as_numpy
+from testing.tensors import as_numpy
 
 H, T = 16, 40
 TOKENS = np.arange(100, 100 + T)
@@ -55,8 +55,9 @@ def test_least_recently_used_goes_first_and_too_big_is_not_kept() -> None:
 def test_store_reads_through_the_cache_are_exact_and_decode_once(tmp_path: Path) -> None:
     layers = {k: _layer(k) for k in range(3)}
     ram = RamCache(1 << 20)
-    with HiddenStore(tmp_path, fingerprint="fp", model_name="m", hidden_size=H, dtype=torch.bfloat16,
-                     ram_cache=ram) as store:  # fmt: skip
+    with HiddenStore(
+        tmp_path, fingerprint="fp", model_name="m", hidden_size=H, dtype=torch.bfloat16, ram_cache=ram
+    ) as store:
         store.write("p", TOKENS, 8, layers)
         want = np.concatenate([as_numpy(layers[k]).view(np.uint16) for k in (2, 0)], axis=1)
         assert np.array_equal(_read(store, [2, 0]), want)  # decoded, kept
@@ -70,12 +71,14 @@ def test_store_reads_through_the_cache_are_exact_and_decode_once(tmp_path: Path)
 def test_another_target_on_the_same_cache_never_sees_these_layers(tmp_path: Path) -> None:
     ram = RamCache(1 << 20)
     mine, theirs = _layer(0), _layer(1)
-    with HiddenStore(tmp_path, fingerprint="fp-a", model_name="m", hidden_size=H, dtype=torch.bfloat16,
-                     ram_cache=ram) as a:  # fmt: skip
+    with HiddenStore(
+        tmp_path, fingerprint="fp-a", model_name="m", hidden_size=H, dtype=torch.bfloat16, ram_cache=ram
+    ) as a:
         a.write("p", TOKENS, 8, {0: mine})
         assert np.array_equal(_read(a, [0]), as_numpy(mine).view(np.uint16))
-    with HiddenStore(tmp_path, fingerprint="fp-b", model_name="m", hidden_size=H, dtype=torch.bfloat16,
-                     ram_cache=ram) as b:  # fmt: skip
+    with HiddenStore(
+        tmp_path, fingerprint="fp-b", model_name="m", hidden_size=H, dtype=torch.bfloat16, ram_cache=ram
+    ) as b:
         b.write("p", TOKENS, 8, {0: theirs})  # same prompt id and layer, another target
         assert np.array_equal(_read(b, [0]), as_numpy(theirs).view(np.uint16))
     assert len(ram) == 2 and ram.hits == 0

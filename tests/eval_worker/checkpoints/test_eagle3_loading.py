@@ -14,7 +14,7 @@ from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.errors import CheckpointRefused
 from schemas.model import ModelInfo
-from tests.support.eagle3 import eagle3_config, random_eagle3, save_eagle3
+from testing.eagle3 import eagle3_config, random_eagle3, save_eagle3
 
 # The same physical taps, decoder outputs [1, 5, 8] of a 12-layer target, as each layout writes them.
 WRITTEN = {"eagle": None, "specforge": [1, 5, 8], "speculators": [2, 6, 9]}
@@ -23,9 +23,16 @@ WRITTEN = {"eagle": None, "specforge": [1, 5, 8], "speculators": [2, 6, 9]}
 @pytest.fixture
 def info(eagle_target: Any) -> ModelInfo:
     c = eagle_target.config
-    return ModelInfo(name="tiny12", fingerprint="fp12", num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
-                     vocab_size=c.vocab_size, max_position_embeddings=c.max_position_embeddings, dtype="float32",
-                     capture_layers=[])  # fmt: skip
+    return ModelInfo(
+        name="tiny12",
+        fingerprint="fp12",
+        num_layers=c.num_hidden_layers,
+        hidden_size=c.hidden_size,
+        vocab_size=c.vocab_size,
+        max_position_embeddings=c.max_position_embeddings,
+        dtype="float32",
+        capture_layers=[],
+    )
 
 
 @pytest.fixture
@@ -39,8 +46,9 @@ def drafter(eagle_target: Any) -> Eagle3Drafter:
 def test_every_layout_loads_the_same_drafter_and_layers(
     tmp_path: Path, drafter: Eagle3Drafter, info: ModelInfo, layout: Any, torch_file: bool
 ) -> None:
-    path = save_eagle3(tmp_path / layout, drafter, layout, layer_ids=WRITTEN[layout],
-                       global_step=7 if torch_file else None)  # fmt: skip
+    path = save_eagle3(
+        tmp_path / layout, drafter, layout, layer_ids=WRITTEN[layout], global_step=7 if torch_file else None
+    )
     loaded = load_checkpoint(path, info)
     assert (loaded.family, loaded.layout) == ("eagle3", layout)
     assert loaded.target_layer_ids == (1, 5, 8)
@@ -54,15 +62,17 @@ def test_every_layout_loads_the_same_drafter_and_layers(
 
 
 def test_speculators_steps_and_flags_are_read(tmp_path: Path, eagle_target: Any, info: ModelInfo) -> None:
-    cfg = eagle3_config(eagle_target.config, norm_before_residual=True, feature_norm="concat", feed_normed=True,
-                        qk_norm=True)  # fmt: skip
+    cfg = eagle3_config(
+        eagle_target.config, norm_before_residual=True, feature_norm="concat", feed_normed=True, qk_norm=True
+    )
     path = save_eagle3(tmp_path / "s", random_eagle3(cfg, 3), "speculators", layer_ids=[2, 6, 9], steps=4)
     loaded = load_checkpoint(path, info)
     assert loaded.config == cfg.__class__(**{**cfg.__dict__, "speculative_tokens": 4})
 
 
-def test_layer_convention_override_is_applied_and_recorded(tmp_path: Path, drafter: Eagle3Drafter,
-                                                            info: ModelInfo) -> None:  # fmt: skip
+def test_layer_convention_override_is_applied_and_recorded(
+    tmp_path: Path, drafter: Eagle3Drafter, info: ModelInfo
+) -> None:
     path = save_eagle3(tmp_path / "sf", drafter, "specforge", layer_ids=[2, 6, 9])
     assert load_checkpoint(path, info).target_layer_ids == (2, 6, 9)
     loaded = load_checkpoint(path, info, layer_convention="layer_input")

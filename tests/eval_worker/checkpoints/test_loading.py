@@ -9,16 +9,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eval_worker.checkpoints.loading import expected_shapes, load_checkpoint
-from eval_worker.drafters.config import DrafterConfig, HfLayout
+from eval_worker.checkpoints.dflash import expected_shapes
+from eval_worker.checkpoints.loading import load_checkpoint
+from eval_worker.drafters.dflash_config import DFlashConfig, HfLayout
 from eval_worker.errors import CheckpointRefused
+from testing.checkpoints import save_hf_checkpoint, save_torch_checkpoint
 from tests.eval_worker.helpers import random_drafter, small_config, small_target
-from tests.support.checkpoints import save_hf_checkpoint, save_torch_checkpoint
 
 TARGET = small_target()  # 6 layers, hidden 32, vocab 100
 
 
-def _hf_dir(tmp_path: Path, cfg: DrafterConfig | None = None, layout: HfLayout = "published") -> Path:
+def _hf_dir(tmp_path: Path, cfg: DFlashConfig | None = None, layout: HfLayout = "published") -> Path:
     cfg = cfg or small_config()
     return save_hf_checkpoint(tmp_path / "hf", random_drafter(cfg, 3), layout=layout)
 

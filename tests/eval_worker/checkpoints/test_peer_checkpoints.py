@@ -21,8 +21,8 @@ from eval_worker.errors import CheckpointRefused
 from eval_worker.exit_codes import ExitCode
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
-from tests.support.peers import peers_python, speculators_drafts, write_peer_checkpoints
-from tests.support.servers import running_server
+from testing.peers import peers_python, speculators_drafts, write_peer_checkpoints
+from testing.servers import running_server
 
 LAYERS = 8  # speculators' default aux ids [2, 4, 5] are layer inputs = decoder outputs [1, 3, 4]
 TARGET = ModelInfo(

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eval_worker.drafters.model import draft_block
+from eval_worker.drafters.dflash import draft_block
+from testing.all_anchor import draft_anchors
 from tests.eval_worker.helpers import random_drafter, small_config
-from tests.support.all_anchor import draft_anchors
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 64])

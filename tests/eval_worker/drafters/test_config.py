@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from eval_worker.drafters.config import DrafterConfig
+from eval_worker.drafters.dflash_config import DFlashConfig
 from eval_worker.errors import CheckpointRefused
 from tests.eval_worker.helpers import small_config
 
@@ -12,14 +12,14 @@ from tests.eval_worker.helpers import small_config
 @pytest.mark.parametrize("layout", ["published", "top_level", "block_in_dflash_config"])
 def test_every_layout_round_trips(layout: Any) -> None:
     cfg = small_config()
-    assert DrafterConfig.from_hf_dict(cfg.to_hf_dict(layout)) == cfg
+    assert DFlashConfig.from_hf_dict(cfg.to_hf_dict(layout)) == cfg
 
 
 def test_rope_parameters_form_and_head_dim_default() -> None:
     raw = small_config().to_hf_dict()
     del raw["rope_theta"], raw["head_dim"]
     raw["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e5}
-    cfg = DrafterConfig.from_hf_dict(raw)
+    cfg = DFlashConfig.from_hf_dict(raw)
     assert (cfg.rope_theta, cfg.head_dim) == (5e5, 8)
 
 
@@ -39,4 +39,4 @@ def test_rope_parameters_form_and_head_dim_default() -> None:
 def test_bad_configs_are_refused(change: dict[str, Any], message: str) -> None:
     raw = small_config().to_hf_dict() | change
     with pytest.raises(CheckpointRefused, match=message):
-        DrafterConfig.from_hf_dict(raw)
+        DFlashConfig.from_hf_dict(raw)

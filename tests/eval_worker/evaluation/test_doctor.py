@@ -12,8 +12,8 @@ from cache_server.client import TargetHeads
 from cache_server.torch_utils import as_numpy
 from eval_worker.evaluation.doctor import NormedLayer
 from schemas.model import ModelInfo
+from testing.tiny_trainer import Sequences
 from tests.eval_worker.evaluation.test_evaluate import TinySource
-from tests.support.tiny_trainer import Sequences
 
 
 def test_the_normed_reading_is_hfs_last_hidden_states_entry(

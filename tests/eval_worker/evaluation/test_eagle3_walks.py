@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from eval_worker.drafters.eagle3 import Eagle3Drafter
-from eval_worker.evaluation.eagle_walks import CHAIN, walk_eagle_prompts
-from eval_worker.evaluation.walks import DraftCost, PromptFeatures
+from eval_worker.evaluation.eagle3_walks import CHAIN, walk_eagle_prompts
+from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
 from schemas.trees import EagleTreeShape
+from testing.eagle3 import eagle3_config, frequent_d2t, random_eagle3, train_eagle3
+from testing.eagle3_live_loop import live_eagle3_decode
+from testing.live_loop import target_heads
+from testing.tiny_trainer import Sequences
 from tests.eval_worker.helpers import EAGLE_LAYER_IDS, TRAIN_TEXTS
-from tests.support.eagle3 import eagle3_config, frequent_d2t, random_eagle3, train_eagle3
-from tests.support.eagle3_live_loop import live_eagle3_decode
-from tests.support.live_loop import target_heads
-from tests.support.tiny_trainer import Sequences
 
 TREES = (EagleTreeShape(3, 2, 8), EagleTreeShape(2, 3, 7))
 STEPS = 3
@@ -46,8 +46,10 @@ def test_offline_walk_equals_the_live_loop(eagle_target: Any, eagle_sequences: S
     drafter = trained(eagle_target, eagle_sequences, 160, seed=3, **FLAGS[flags])
     embed, _ = target_heads(eagle_target)
     seqs = eagle_sequences
-    prompts = [PromptFeatures(t, ids.tolist(), n) for t, ids, n in zip(seqs.taps, seqs.token_ids, seqs.prompt_lens,
-                                                                       strict=True)]  # fmt: skip
+    prompts = [
+        PromptFeatures(t, ids.tolist(), n)
+        for t, ids, n in zip(seqs.taps, seqs.token_ids, seqs.prompt_lens, strict=True)
+    ]
     offline = walk_eagle_prompts(drafter, prompts, embed, steps=STEPS, trees=TREES, cost=DraftCost())
     accepted_more_than_the_bonus = 0
     for p, walked in zip(prompts, offline, strict=True):

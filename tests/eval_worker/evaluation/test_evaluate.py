@@ -11,23 +11,25 @@ import pytest
 import torch
 
 from cache_server.client import HiddenResult, TargetHeads
-from eval_worker.checkpoints.loading import LoadedCheckpoint, load_checkpoint
-from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loading import load_checkpoint
+from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.errors import CheckpointRefused, FeatureMismatch
-from eval_worker.evaluation.evaluate import EvalOptions, evaluate
+from eval_worker.evaluation.dflash_walks import CHAIN
+from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache
-from eval_worker.evaluation.walks import CHAIN
+from eval_worker.evaluation.options import EvalOptions
 from schemas.hidden import HiddenMetadata
 from schemas.layers import LAYER_CONVENTION
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
+from testing.all_anchor import all_anchor_taus
+from testing.checkpoints import save_hf_checkpoint, save_torch_checkpoint
+from testing.live_loop import target_heads
+from testing.taps import target_forward
+from testing.tensors import as_numpy
+from testing.tiny_trainer import Sequences
 from tests.eval_worker.helpers import BLOCK_SIZE, LAYER_IDS
-from tests.support.all_anchor import all_anchor_taus
-from tests.support.checkpoints import save_hf_checkpoint, save_torch_checkpoint
-from tests.support.live_loop import target_heads
-from tests.support.taps import target_forward
-from tests.support.tensors import as_numpy
-from tests.support.tiny_trainer import Sequences
 
 
 class TinySource:

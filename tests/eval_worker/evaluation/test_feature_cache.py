@@ -36,10 +36,16 @@ class CountingSource:
         self.fetched.setdefault(prompt_id, threading.Event()).set()
         value = float(prompt_id.removeprefix("p"))
         meta = HiddenMetadata(
-            prompt_id=prompt_id, layers=list(layers), layer_convention="decoder_output_0based",
-            model_fingerprint=self.fingerprint, hidden_size=WIDTH // len(layers), prompt_len=2, start=0, stop=T,
+            prompt_id=prompt_id,
+            layers=list(layers),
+            layer_convention="decoder_output_0based",
+            model_fingerprint=self.fingerprint,
+            hidden_size=WIDTH // len(layers),
+            prompt_len=2,
+            start=0,
+            stop=T,
             dtype="float32",
-        )  # fmt: skip
+        )
         return HiddenResult(np.full((T, WIDTH), value, np.float32), np.arange(T, dtype=np.int64), meta)
 
 

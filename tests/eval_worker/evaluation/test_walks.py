@@ -6,12 +6,13 @@ from typing import Any
 
 import pytest
 
-from eval_worker.drafters.model import DFlashDrafter
-from eval_worker.evaluation.walks import CHAIN, DraftCost, PromptFeatures, walk_prompts
+from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.evaluation.dflash_walks import CHAIN, walk_prompts
+from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from testing.all_anchor import all_anchor_taus
+from testing.live_loop import target_heads
+from testing.tiny_trainer import Sequences
 from tests.eval_worker.helpers import random_drafter, small_config
-from tests.support.all_anchor import all_anchor_taus
-from tests.support.live_loop import target_heads
-from tests.support.tiny_trainer import Sequences
 
 BUDGETS = (1, 3, 6, 40)  # 40 > the vocab slice a tree can use at block size 4: depth-capped
 
@@ -53,8 +54,14 @@ def test_trained_drafter_walks_equal_the_all_anchor_path(
 
 
 def test_random_drafter_walks_equal_the_all_anchor_path(sequences: Sequences, target: Any) -> None:
-    cfg = small_config(hidden_size=target.config.hidden_size, num_attention_heads=4, num_key_value_heads=2,
-                       head_dim=16, block_size=6, mask_token_id=target.config.vocab_size - 1)  # fmt: skip
+    cfg = small_config(
+        hidden_size=target.config.hidden_size,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        block_size=6,
+        mask_token_id=target.config.vocab_size - 1,
+    )
     drafter = random_drafter(cfg, 3, seed=5)
     embed, head = target_heads(target)
     prompts = _features(sequences)
@@ -76,8 +83,14 @@ def test_a_chain_drafts_about_one_anchor_in_tau(
 
 def test_lm_head_rows_stop_at_the_first_mismatch(sequences: Sequences, target: Any) -> None:
     """Chain only: a drafter that never matches projects one position per round."""
-    cfg = small_config(hidden_size=target.config.hidden_size, num_attention_heads=4, num_key_value_heads=2,
-                       head_dim=16, block_size=6, mask_token_id=target.config.vocab_size - 1)  # fmt: skip
+    cfg = small_config(
+        hidden_size=target.config.hidden_size,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        block_size=6,
+        mask_token_id=target.config.vocab_size - 1,
+    )
     drafter = random_drafter(cfg, 3, seed=5)
     embed, head = target_heads(target)
     cost = DraftCost()

@@ -23,10 +23,22 @@ def _report(step: int, rounds: list[list[int]], tree_rounds: list[list[int]]) ->
         chain=summarize(chain), trees={8: summarize(trees)}, prompts_evaluated=len(prompts), wall_time_s=1.0
     )
     return EvalReport(
-        checkpoint_path=f"/ckpt/step_{step}.pt", format="torch_dict", step=step, epoch=0, target_name="t",
-        target_fingerprint="fp", target_layer_ids=[1, 3, 5], layer_ids_source="checkpoint", block_size=4,
-        mask_token_id=511, tree_budgets=[8], device="cpu", dtype="float32", prompts=prompts, summary=summary,
-    )  # fmt: skip
+        checkpoint_path=f"/ckpt/step_{step}.pt",
+        format="torch_dict",
+        step=step,
+        epoch=0,
+        target_name="t",
+        target_fingerprint="fp",
+        target_layer_ids=[1, 3, 5],
+        layer_ids_source="checkpoint",
+        block_size=4,
+        mask_token_id=511,
+        tree_budgets=[8],
+        device="cpu",
+        dtype="float32",
+        prompts=prompts,
+        summary=summary,
+    )
 
 
 def test_table_is_sorted_by_step_with_each_tau(tmp_path: Path) -> None:

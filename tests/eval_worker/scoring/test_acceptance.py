@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from eval_worker.scoring.acceptance import chain_accept_length, chain_round_taus, tree_round_taus
-from tests.support.all_anchor import score_prompt
+from testing.all_anchor import score_prompt
 
 TOKENS = [5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]  # prompt of 3 + 10 response tokens
 PROMPT_LEN, BLOCK = 3, 4

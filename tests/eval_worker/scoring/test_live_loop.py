@@ -7,13 +7,14 @@ from typing import Any
 import pytest
 import torch
 
-from eval_worker.drafters.model import DFlashDrafter
-from eval_worker.evaluation.walks import CHAIN, DraftCost, PromptFeatures, walk_prompts
+from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.evaluation.dflash_walks import CHAIN, walk_prompts
+from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from testing.all_anchor import all_anchor_taus
+from testing.live_loop import live_decode, target_heads
+from testing.taps import target_forward
+from testing.tiny_trainer import Sequences
 from tests.eval_worker.helpers import BLOCK_SIZE, LAYER_IDS
-from tests.support.all_anchor import all_anchor_taus
-from tests.support.live_loop import live_decode, target_heads
-from tests.support.taps import target_forward
-from tests.support.tiny_trainer import Sequences
 
 TREE_BUDGET = 6
 

@@ -12,14 +12,14 @@ from transformers import AutoConfig
 
 from cache_server.client import CacheClient, JobsClient
 from eval_worker.cli import main
-from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.exit_codes import ExitCode
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobStatus
-from tests.support.checkpoints import save_hf_checkpoint, save_torch_checkpoint
-from tests.support.servers import running_server
-from tests.support.tiny_trainer import tiny_drafter_config
+from testing.checkpoints import save_hf_checkpoint, save_torch_checkpoint
+from testing.servers import running_server
+from testing.tiny_trainer import tiny_drafter_config
 
 pytestmark = pytest.mark.slow
 

@@ -17,13 +17,13 @@ import torch
 from transformers import AutoConfig
 
 from cache_server.client import CacheClient, JobsClient
-from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobState, JobStatus
-from tests.support.checkpoints import save_torch_checkpoint
-from tests.support.servers import HIDDEN_REQUESTS, free_port, running_server, server_metric
-from tests.support.tiny_trainer import tiny_drafter_config
+from testing.checkpoints import save_torch_checkpoint
+from testing.servers import HIDDEN_REQUESTS, free_port, running_server, server_metric
+from testing.tiny_trainer import tiny_drafter_config
 
 pytestmark = pytest.mark.slow
 LEASE_S = "2"

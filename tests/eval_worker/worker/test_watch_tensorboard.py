@@ -13,13 +13,13 @@ from transformers import AutoConfig
 
 from cache_server.client import CacheClient, JobsClient
 from eval_worker.cli import main
-from eval_worker.drafters.model import DFlashDrafter
+from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobStatus
-from tests.support.checkpoints import save_torch_checkpoint
-from tests.support.servers import running_server
-from tests.support.tiny_trainer import tiny_drafter_config
+from testing.checkpoints import save_torch_checkpoint
+from testing.servers import running_server
+from testing.tiny_trainer import tiny_drafter_config
 
 pytestmark = pytest.mark.slow
 
@@ -39,9 +39,25 @@ def test_finished_checkpoints_become_scalars_at_their_step(tiny_target: Path, tm
         worker = threading.Thread(target=JobWorker(client, settings).serve, args=(stop,))
         worker.start()
         try:
-            argv = ["watch", str(root / "v1"), "--server", url, "--checkpoint-root", str(root), "--once",
-                    "--interval", "0.2", "--tree-budget", "4", "--set", "a", "--set", "b",
-                    "--tensorboard", str(board)]  # fmt: skip
+            argv = [
+                "watch",
+                str(root / "v1"),
+                "--server",
+                url,
+                "--checkpoint-root",
+                str(root),
+                "--once",
+                "--interval",
+                "0.2",
+                "--tree-budget",
+                "4",
+                "--set",
+                "a",
+                "--set",
+                "b",
+                "--tensorboard",
+                str(board),
+            ]
             assert main(argv) == 0
             assert main(argv) == 0  # again: nothing new to submit, nothing written twice
         finally:
@@ -55,8 +71,11 @@ def test_finished_checkpoints_become_scalars_at_their_step(tiny_target: Path, tm
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"tau/chain", "tau/ddtree-4", "tau/a/chain", "tau/b/ddtree-4"} <= tags
-    for tag, pick in (("tau/chain", lambda r: r.summary.chain), ("tau/ddtree-4", lambda r: r.summary.trees[4]),
-                      ("tau/b/chain", lambda r: r.summary.by_set["b"].chain)):  # fmt: skip
+    for tag, pick in (
+        ("tau/chain", lambda r: r.summary.chain),
+        ("tau/ddtree-4", lambda r: r.summary.trees[4]),
+        ("tau/b/chain", lambda r: r.summary.by_set["b"].chain),
+    ):
         scalars = events.Scalars(tag)
         assert [s.step for s in scalars] == [10, 20]  # each job once, at its training step
         for s in scalars:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.servers import free_port
+from testing.servers import free_port
 
 BUCKET = "hidden-state-cache-test"
 

@@ -16,7 +16,7 @@ HfLayout = Literal["published", "top_level", "block_in_dflash_config"]
 
 
 @dataclass(frozen=True)
-class DrafterConfig:
+class DFlashConfig:
     """The drafter's shape and its DFlash fields (block size, mask token, target layers)."""
 
     hidden_size: int
@@ -36,7 +36,7 @@ class DrafterConfig:
     @classmethod
     def from_hf_dict(
         cls, raw: Mapping[str, Any], *, block_size: int | None = None, mask_token_id: int | None = None
-    ) -> DrafterConfig:
+    ) -> DFlashConfig:
         """Parse a HF config dict; `block_size` (an evaluation choice) replaces the config's if given;
         `mask_token_id` stands in for a config without one (one that names another is refused)."""
         dflash = raw.get("dflash_config") or {}

@@ -7,9 +7,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.support.servers import wait_healthy
+from testing.servers import wait_healthy
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 VLLM_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -35,10 +35,22 @@ class VllmServer:
             raise RuntimeError("the vLLM environment .venv-vllm is missing: ./dev test builds it")
         self.url = f"http://127.0.0.1:{port}"
         self._cmd = [
-            str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-            "--max-model-len", "512", *extra,
-        ]  # fmt: skip
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--max-model-len",
+            "512",
+            *extra,
+        ]
         self._log = log
         self._proc: subprocess.Popen[bytes] | None = None
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from eval_worker.drafters.eagle3 import Eagle3Context, Eagle3Drafter, NodeBatch
 from eval_worker.drafters.eagle3_config import Eagle3Config
 from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS, TRAINER_STATE
-from tests.support.tiny_trainer import attention_shape
+from testing.tiny_trainer import attention_shape
 
 SaveLayout = Literal["eagle", "specforge", "speculators"]
 
@@ -42,8 +42,9 @@ def frequent_d2t(token_ids: Sequence[Tensor], size: int, vocab_size: int) -> Ten
     return torch.tensor(sorted(ranked[:size])) - torch.arange(size)
 
 
-def random_eagle3(cfg: Eagle3Config, num_taps: int, *, seed: int = 0, d2t: Tensor | None = None,
-                  has_embed: bool = False) -> Eagle3Drafter:  # fmt: skip
+def random_eagle3(
+    cfg: Eagle3Config, num_taps: int, *, seed: int = 0, d2t: Tensor | None = None, has_embed: bool = False
+) -> Eagle3Drafter:
     """An untrained drafter with non-trivial norm weights (so a misplaced norm shows)."""
     torch.manual_seed(seed)
     drafter = Eagle3Drafter(cfg, num_taps, has_embed=has_embed)
@@ -124,8 +125,9 @@ def _llama_fields(cfg: Eagle3Config) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def eagle3_files(drafter: Eagle3Drafter, layout: SaveLayout, *, layer_ids: Sequence[int] | None = None,
-                 steps: int | None = None) -> tuple[dict[str, Any], dict[str, Tensor]]:  # fmt: skip
+def eagle3_files(
+    drafter: Eagle3Drafter, layout: SaveLayout, *, layer_ids: Sequence[int] | None = None, steps: int | None = None
+) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """The config dict and state dict a layout writes. `layer_ids` are written as given (in the layout's own
     convention); the EAGLE layout writes none."""
     cfg = drafter.cfg
@@ -139,16 +141,23 @@ def eagle3_files(drafter: Eagle3Drafter, layout: SaveLayout, *, layer_ids: Seque
         layer = {k: v for k, v in _llama_fields(cfg).items() if k != "architectures"}
         layer["model_type"] = "qwen3" if cfg.qk_norm else "llama"
         config = {
-            "speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
-            "transformer_layer_config": layer, "draft_vocab_size": cfg.draft_vocab_size,
-            "target_hidden_size": cfg.target_hidden_size, "norm_before_residual": cfg.norm_before_residual,
-            "norm_before_fc": cfg.feature_norm == "concat", "fc_norm": cfg.feature_norm == "per_tap",
+            "speculators_model_type": "eagle3",
+            "architectures": ["Eagle3Speculator"],
+            "transformer_layer_config": layer,
+            "draft_vocab_size": cfg.draft_vocab_size,
+            "target_hidden_size": cfg.target_hidden_size,
+            "norm_before_residual": cfg.norm_before_residual,
+            "norm_before_fc": cfg.feature_norm == "concat",
+            "fc_norm": cfg.feature_norm == "per_tap",
             "norm_output": cfg.feed_normed,
             "eagle_aux_hidden_state_layer_ids": list(layer_ids) if layer_ids is not None else None,
-            "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                   "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": steps or 3}],
-                                   "verifier": {"name_or_path": "tiny", "architectures": ["Qwen3ForCausalLM"]}},
-        }  # fmt: skip
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "default_proposal_method": "greedy",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": steps or 3}],
+                "verifier": {"name_or_path": "tiny", "architectures": ["Qwen3ForCausalLM"]},
+            },
+        }
         return config, state
     config = _llama_fields(cfg) | {"draft_vocab_size": cfg.draft_vocab_size}
     if layout == "specforge":

@@ -17,22 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eval_worker.drafters.config import DrafterConfig
-
-
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Qwen3 default RoPE tables for integer `positions` [...] -> cos, sin [..., head_dim]."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
-    freqs = positions[..., None].float() * inv_freq  # [..., D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [..., D]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [..., S, D] rotated by cos/sin broadcastable to it (rotate-half convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+from eval_worker.drafters.dflash_config import DFlashConfig
+from eval_worker.drafters.layers import MLP, RMSNorm, apply_rope, rope_cos_sin
 
 
 @dataclass(frozen=True)
@@ -43,26 +29,10 @@ class ContextKV:
     values: list[Tensor]
 
 
-class RMSNorm(nn.Module):
-    """Qwen3 RMSNorm: variance in float32, weight applied in the input dtype."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x [..., dim] normalised."""
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
-
-
 class Attention(nn.Module):
     """Qwen3 attention (q/k norms, GQA) of a block over the context and itself, unmasked in the block."""
 
-    def __init__(self, cfg: DrafterConfig) -> None:
+    def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.num_heads = cfg.num_attention_heads
@@ -102,24 +72,10 @@ class Attention(nn.Module):
         return self.o_proj(out.view(m, nh, b, d).transpose(1, 2).reshape(m, b, nh * d))
 
 
-class MLP(nn.Module):
-    """SwiGLU feed-forward."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.gate_proj: nn.Linear = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj: nn.Linear = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj: nn.Linear = nn.Linear(intermediate_size, hidden_size, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x [..., H] -> [..., H]."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DrafterLayer(nn.Module):
+class DFlashLayer(nn.Module):
     """Pre-norm attention and MLP with residuals."""
 
-    def __init__(self, cfg: DrafterConfig) -> None:
+    def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
         self.self_attn: Attention = Attention(cfg)
         self.mlp: MLP = MLP(cfg.hidden_size, cfg.intermediate_size)
@@ -135,18 +91,18 @@ class DrafterLayer(nn.Module):
 class DFlashDrafter(nn.Module):
     """State-dict keys: fc, hidden_norm, layers.{i}.*, norm - 11 * num_layers + 3 tensors, no biases."""
 
-    def __init__(self, cfg: DrafterConfig, num_taps: int) -> None:
+    def __init__(self, cfg: DFlashConfig, num_taps: int) -> None:
         super().__init__()
         self.cfg = cfg
         self.num_taps = num_taps
         self.fc: nn.Linear = nn.Linear(num_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm: RMSNorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))
         self.norm: RMSNorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def blocks(self) -> list[DrafterLayer]:
+    def blocks(self) -> list[DFlashLayer]:
         """The decoder layers, typed."""
-        return [cast(DrafterLayer, layer) for layer in self.layers]
+        return [cast(DFlashLayer, layer) for layer in self.layers]
 
     def context_kv(self, taps: Tensor) -> ContextKV:
         """taps [T, K*H] (the target's layers, concatenated) -> every layer's context keys and values."""
@@ -190,8 +146,9 @@ def stack_kv(parts: list[ContextKV]) -> ContextKV:
         return torch.stack([F.pad(t, (0, 0, 0, longest - t.shape[1])) for t in tensors])
 
     layers = range(len(parts[0].keys))
-    return ContextKV([stacked([p.keys[i] for p in parts]) for i in layers],
-                     [stacked([p.values[i] for p in parts]) for i in layers])  # fmt: skip
+    return ContextKV(
+        [stacked([p.keys[i] for p in parts]) for i in layers], [stacked([p.values[i] for p in parts]) for i in layers]
+    )
 
 
 def draft_block(

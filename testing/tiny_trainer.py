@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eval_worker.drafters.config import DrafterConfig
-from eval_worker.drafters.model import DFlashDrafter
-from tests.support.all_anchor import block_logits
-from tests.support.taps import greedy_continuation, target_forward
+from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.drafters.dflash_config import DFlashConfig
+from testing.all_anchor import block_logits
+from testing.taps import greedy_continuation, target_forward
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Sequences:
 def make_sequences(
     target: nn.Module, prompts: Sequence[Sequence[int]], layer_ids: Sequence[int], max_new_tokens: int
 ) -> Sequences:
+    """The target's greedy continuations of `prompts` and their taps at `layer_ids`: the training data."""
     ids, taps = [], []
     for prompt in prompts:
         full = greedy_continuation(target, prompt, max_new_tokens)
@@ -61,10 +62,10 @@ def tiny_drafter_config(
     block_size: int = 4,
     num_layers: int = 1,
     mask_token_id: int | None = None,
-) -> DrafterConfig:
+) -> DFlashConfig:
     """A drafter shaped like the target's attention (HF Qwen3 config); mask = the last spare vocab row."""
     t = target_config
-    return DrafterConfig(
+    return DFlashConfig(
         **attention_shape(t),
         num_layers=num_layers,
         block_size=block_size,
@@ -98,6 +99,7 @@ class TinyTrainer:
         self.global_step = 0
 
     def loss(self, index: int) -> Tensor:
+        """The block-prediction loss at `anchors_per_sequence` random anchors of sequence `index`."""
         b = self.drafter.cfg.block_size
         ids, taps = self.data.token_ids[index], self.data.taps[index]
         high = ids.shape[0] - b + 1  # s in [1, T-B]: a full block of labels

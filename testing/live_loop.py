@@ -14,13 +14,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from eval_worker.drafters.model import DFlashDrafter, draft_block
+from eval_worker.drafters.dflash import DFlashDrafter, draft_block
 from eval_worker.scoring.ddtree import DraftTree, build_tree
-from tests.support.taps import target_forward
+from testing.taps import target_forward
 
 
 @dataclass(frozen=True)
 class LiveResult:
+    """What the live loop generated, and how many tokens each of its rounds accepted."""
+
     token_ids: list[int]  # prompt + generated, exactly total_len tokens
     round_taus: list[int]
 

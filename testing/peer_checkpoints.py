@@ -1,5 +1,5 @@
 """Write drafter checkpoints with the peers' own libraries, for a tiny target: run with the Python of
-the peers' environment (speculators 0.9, SpecForge 0.2; `tests/support/peers.py` builds it), never the
+the peers' environment (speculators 0.9, SpecForge 0.2; `testing/peers.py` builds it), never the
 project's. `python peer_checkpoints.py write TARGET_DIR OUT_DIR` writes, each a HF directory:
 
 - `speculators_eagle3/`: speculators' training CLI defaults (its draft config from the verifier, a
@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -65,7 +67,7 @@ def speculators_eagle3(target: Path, out: Path, *, window: int = 2048) -> None:
     model.save_pretrained(out)
 
 
-def _specforge_config(target: Path, algorithm: str, layers: int) -> object:
+def _specforge_config(target: Path, algorithm: str, layers: int) -> Any:
     """SpecForge's draft config generated from the target, as its trainer makes it."""
     from importlib import import_module
 
@@ -141,4 +143,5 @@ def write(target: Path, out: Path) -> None:
 
 if __name__ == "__main__":
     command, *paths = sys.argv[1:]
-    {"write": write, "drafts": speculators_drafts}[command](*map(Path, paths))
+    commands: dict[str, Callable[..., None]] = {"write": write, "drafts": speculators_drafts}
+    commands[command](*map(Path, paths))

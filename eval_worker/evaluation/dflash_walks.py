@@ -9,7 +9,7 @@ tokens are known, so:
 - the chain projects position j only for blocks whose drafts matched at positions < j;
 - DDTree-b projects positions 1..min(b, B-1): a tree of b nodes is never deeper than b.
 
-The per-round taus equal those of drafting every anchor (the reference in `tests/support/all_anchor.py`) and then
+The per-round taus equal those of drafting every anchor (the reference in `testing/all_anchor.py`) and then
 walking: the same blocks, read at the positions the walk reads.
 """
 
@@ -23,30 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from eval_worker.drafters.model import ContextKV, DFlashDrafter, stack_kv
+from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.drafters.dflash import ContextKV, DFlashDrafter, stack_kv
+from eval_worker.drafters.dflash_config import DFlashConfig
+from eval_worker.evaluation.options import EvalOptions
+from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, ReportFields, Walked
 from eval_worker.scoring.ddtree import accepted_nodes, build_tree
+from eval_worker.scoring.summary import round_taus
 
 CHAIN = 0  # the walk key of the chain; DDTree walks are keyed by their budget (>= 1)
 _LOGIT_ELEMENTS = 1 << 26  # floats of full-vocab logits held at once (256 MB in fp32)
-
-
-@dataclass(frozen=True)
-class PromptFeatures:
-    """One prompt on the drafter's device: taps [T, K*H] and token ids [T] (prompt + response)."""
-
-    taps: Tensor
-    token_ids: list[int]
-    prompt_len: int
-
-
-@dataclass
-class DraftCost:
-    """Drafter work counted while walking."""
-
-    drafted_blocks: int = 0  # drafter block forwards
-    lm_head_rows: int = 0  # positions projected through lm_head
-    draft_s: float = 0.0  # drafter forwards and lm_head projections (context k/v included)
-    walk_s: float = 0.0  # building trees and walking them
 
 
 @dataclass
@@ -207,3 +193,34 @@ def _draft(
                 out[row].greedy.append(token)
         alive = [row for row in alive if out[row].greedy[j] == references[row][j]]
     return dict(zip(keys, out, strict=True))
+
+
+def walk_dflash(
+    checkpoint: LoadedCheckpoint,
+    prompts: Sequence[PromptFeatures],
+    embed: Tensor,
+    lm_head: Tensor,
+    opts: EvalOptions,
+    cost: DraftCost,
+) -> list[Walked]:
+    """The DFlash family's walk: the chain and DDTree-b for every budget of `opts`, per prompt."""
+    assert isinstance(checkpoint.drafter, DFlashDrafter)
+    budgets = opts.tree_budgets
+    walked = walk_prompts(
+        checkpoint.drafter,
+        prompts,
+        embed,
+        lm_head,
+        tree_budgets=budgets,
+        top_k=max(budgets, default=1),
+        cost=cost,
+        max_blocks=opts.max_blocks,
+    )
+    return [Walked(taus[CHAIN], trees={b: round_taus(taus[b]) for b in budgets}) for taus in walked]
+
+
+def dflash_report_fields(checkpoint: LoadedCheckpoint, opts: EvalOptions) -> ReportFields:
+    """What a DFlash report says of its drafting: block size, mask token, DDTree budgets."""
+    cfg = checkpoint.config
+    assert isinstance(cfg, DFlashConfig)
+    return ReportFields(cfg.block_size, cfg.mask_token_id, None, None, list(opts.tree_budgets), [])

@@ -11,7 +11,7 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).with_name("peer_checkpoints.py")
 
 

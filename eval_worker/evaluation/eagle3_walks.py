@@ -18,9 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from eval_worker.checkpoints.loaded import LoadedCheckpoint
 from eval_worker.drafters.eagle3 import Eagle3Context, Eagle3Drafter, NodeBatch
-from eval_worker.evaluation.walks import DraftCost, PromptFeatures
+from eval_worker.drafters.eagle3_config import Eagle3Config
+from eval_worker.evaluation.options import EvalOptions
+from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, ReportFields, Walked
 from eval_worker.scoring.eagle_tree import select_tree, stable_topk
+from eval_worker.scoring.summary import round_taus
 from schemas.trees import EagleTreeShape
 
 CHAIN = "chain"  # the walk key of the chain; trees are keyed by their shape ("TOPK,DEPTH,TOTAL")
@@ -55,9 +59,14 @@ class _Group:
         anchors = torch.tensor([w.s for w in walks], device=device)
         c = int(anchors.max())  # context positions any of these rounds sees
         return NodeBatch(
-            self.keys[..., :c, :], self.values[..., :c, :], torch.tensor([w.prompt for w in walks], device=device),
-            anchors, tree_keys, tree_values, visible,
-        )  # fmt: skip
+            self.keys[..., :c, :],
+            self.values[..., :c, :],
+            torch.tensor([w.prompt for w in walks], device=device),
+            anchors,
+            tree_keys,
+            tree_values,
+            visible,
+        )
 
     def first(self, walks: Sequence[_Walk]) -> Tensor:
         """Each round's root output [m, H] (the pass's output at s-1)."""
@@ -186,3 +195,44 @@ def _tree_round(group: _Group, walks: list[_Walk], shape: EagleTreeShape, cost: 
     all_parents = torch.cat(parent_levels, dim=1).cpu()
     refs = [group.reference(w, shape.depth + 1) for w in walks]
     return [select_tree(all_scores[i], all_tokens[i], all_parents[i], shape).accepted(refs[i]) for i in range(m)]
+
+
+def eagle3_steps(checkpoint: LoadedCheckpoint, opts: EvalOptions) -> int:
+    """EAGLE-3 chain drafts per round: the option, else the checkpoint's own, else 5."""
+    cfg = checkpoint.config
+    assert isinstance(cfg, Eagle3Config)
+    return opts.steps or cfg.speculative_tokens or 5
+
+
+def walk_eagle3(
+    checkpoint: LoadedCheckpoint,
+    prompts: Sequence[PromptFeatures],
+    embed: Tensor,
+    lm_head: Tensor,
+    opts: EvalOptions,
+    cost: DraftCost,
+) -> list[Walked]:
+    """The EAGLE-3 family's walk: the chain and every dynamic tree of `opts`, per prompt (the drafter's
+    own head; its own embedding when it has one, else the target's)."""
+    drafter = checkpoint.drafter
+    assert isinstance(drafter, Eagle3Drafter)
+    walked = walk_eagle_prompts(
+        drafter,
+        prompts,
+        drafter.embed_tokens.weight if drafter.has_embed else embed,
+        steps=eagle3_steps(checkpoint, opts),
+        trees=opts.eagle_trees,
+        cost=cost,
+        max_rounds=opts.max_blocks,
+    )
+    return [
+        Walked(taus[CHAIN], eagle_trees={t.key: round_taus(taus[t.key]) for t in opts.eagle_trees}) for taus in walked
+    ]
+
+
+def eagle3_report_fields(checkpoint: LoadedCheckpoint, opts: EvalOptions) -> ReportFields:
+    """What an EAGLE-3 report says of its drafting: chain steps, draft vocab, EAGLE trees."""
+    cfg = checkpoint.config
+    assert isinstance(cfg, Eagle3Config)
+    trees = [t.key for t in opts.eagle_trees]
+    return ReportFields(None, None, eagle3_steps(checkpoint, opts), cfg.draft_vocab_size, [], trees)

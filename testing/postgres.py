@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.servers import free_port
+from testing.servers import free_port
 
 
 def postgres_bin() -> Path | None:

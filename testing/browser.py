@@ -14,6 +14,15 @@ def headless(url: str, *args: str) -> str:
     (`--dump-dom`, `--screenshot=PATH`); its stdout. RuntimeError where Chromium is not installed."""
     if CHROMIUM is None:
         raise RuntimeError("chromium is not installed (.ci/run installs it with apt-get)")
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-           "--virtual-time-budget=10000", "--window-size=1280,1100", *args, url]  # fmt: skip
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--virtual-time-budget=10000",
+        "--window-size=1280,1100",
+        *args,
+        url,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout

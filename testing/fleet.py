@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.servers import free_port, wait_healthy
+from testing.servers import free_port, wait_healthy
 
 
 @dataclass
@@ -27,9 +27,27 @@ class Fleet:
     def start(self, instance: str, *, wait: bool = True) -> str:
         """Starts the instance (its output in `<logs>/<instance>.log`); its URL, once healthy if `wait`."""
         port = free_port()
-        cmd = [sys.executable, "-m", "cache_server.cli", "serve", "--model", str(self.model), "--store", self.store,
-               "--db", self.db, "--instance", instance, "--port", str(port), "--device", "cpu",
-               "--log-level", "warning", *self.extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "cache_server.cli",
+            "serve",
+            "--model",
+            str(self.model),
+            "--store",
+            self.store,
+            "--db",
+            self.db,
+            "--instance",
+            instance,
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--log-level",
+            "warning",
+            *self.extra,
+        ]
         log = self.logs / f"{instance}.log"
         with log.open("ab") as out:
             proc = subprocess.Popen(cmd, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)

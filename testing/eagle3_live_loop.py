@@ -20,8 +20,8 @@ from torch import Tensor, nn
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.scoring.eagle_tree import EagleTree, select_tree, stable_topk
 from schemas.trees import EagleTreeShape
-from tests.support.live_loop import LiveResult, target_heads
-from tests.support.taps import target_forward
+from testing.live_loop import LiveResult, target_heads
+from testing.taps import target_forward
 
 
 @dataclass

@@ -15,6 +15,8 @@ from cache_server.capture.hooks import capture_decoder_outputs
 
 @dataclass(frozen=True)
 class TargetPass:
+    """One in-process forward of the target: its logits and the taps a drafter reads."""
+
     logits: Tensor  # [N, T, V]
     taps: Tensor  # [N, T, K*H], taps concatenated in `layer_ids` order
 

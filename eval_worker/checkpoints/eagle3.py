@@ -7,29 +7,57 @@ needs `d2t`), the embedding (borrowed from the target only when widths agree).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from eval_worker.checkpoints.eagle3_layouts import Eagle3Layout
-from eval_worker.checkpoints.layer_ids import LayerConvention, ResolvedLayerIds, resolve_eagle3_layer_ids
+from eval_worker.checkpoints.eagle3_layouts import Eagle3Layout, read_layout
+from eval_worker.checkpoints.layer_ids import ResolvedLayerIds, resolve_eagle3_layer_ids, to_decoder_outputs
+from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
+from eval_worker.checkpoints.raw import RawCheckpoint
 from eval_worker.checkpoints.state_checks import check_key_set, check_shapes, module_shapes
 from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.drafters.eagle3_config import Eagle3Config
 from eval_worker.errors import CheckpointRefused
 from schemas.model import ModelInfo
 
+log = logging.getLogger(__name__)
+
 _LAYER = "midlayer."
 
 
-@dataclass(frozen=True)
-class Eagle3Load:
-    """A strictly loaded EAGLE-3 drafter and its layer ids."""
+def load_eagle3(path: Path, raw: RawCheckpoint, target: ModelInfo, request: LoadRequest) -> LoadedCheckpoint:
+    """The EAGLE-3 drafter `raw` holds, read in its layout and fitting `target`, or CheckpointRefused."""
+    for flag, value in (("--block-size", request.block_size), ("--mask-token-id", request.mask_token_id)):
+        if value is not None:
+            raise CheckpointRefused(f"{path} is an EAGLE-3 drafter: {flag} applies to DFlash only")
+    layout = read_layout(raw.config)
+    drafter, ids = _load_state(raw.state, layout, target, request)
+    log.info(
+        "loaded EAGLE-3 (%s layout) %s checkpoint %s (step %s): layer ids %s as %s (%s) = target layers %s (%s)",
+        layout.layout,
+        raw.format,
+        path,
+        raw.step,
+        list(ids.checkpoint_ids or []),
+        ids.convention,
+        ids.convention_source,
+        list(ids.ids),
+        ids.source,
+    )
+    cfg = layout.config
+    return LoadedCheckpoint(
+        path, raw.format, "eagle3", layout.layout, cfg, drafter, ids, raw.step, raw.epoch, cfg.target_hidden_size
+    )
 
-    drafter: Eagle3Drafter
-    layer_ids: ResolvedLayerIds
+
+def check_eagle3_fits(checkpoint: LoadedCheckpoint, target: ModelInfo) -> None:
+    """CheckpointRefused unless the loaded drafter fits `target`."""
+    assert isinstance(checkpoint.config, Eagle3Config)
+    _check_target(checkpoint.config, target)
 
 
 def expected_shapes(cfg: Eagle3Config, num_taps: int) -> dict[str, tuple[int, ...]]:
@@ -38,27 +66,61 @@ def expected_shapes(cfg: Eagle3Config, num_taps: int) -> dict[str, tuple[int, ..
     return module_shapes(lambda: Eagle3Drafter(cfg, num_taps, has_embed=False), skip={"d2t"})
 
 
-def load_eagle3(
-    state: Mapping[str, Tensor],
-    layout: Eagle3Layout,
-    target: ModelInfo,
-    *,
-    layer_ids_override: tuple[int, ...] | None = None,
-    convention_override: LayerConvention | None = None,
-) -> Eagle3Load:
-    """The drafter `state` (keys as the layout names them) holds, for `target`, or CheckpointRefused."""
+def describe_eagle3(path: Path, raw: RawCheckpoint, request: LoadRequest) -> list[str]:
+    """What `eval-worker inspect` says of an EAGLE-3 checkpoint, before any target is involved."""
+    layout = read_layout(raw.config)
+    cfg = layout.config
+    if layout.layer_ids is None:
+        ids = "none written: EAGLE-3 defaults, layer inputs (2, L//2, L-3) = decoder outputs [1, L//2-1, L-4]"
+    else:
+        meaning = "0-based decoder outputs" if layout.convention == "decoder_output_0based" else "layer inputs"
+        ids = f"{list(layout.layer_ids)} as {layout.convention} ({meaning}, the {layout.layout} convention)"
+        if 0 not in layout.layer_ids:
+            ids += f" = served layers {list(to_decoder_outputs(layout.layer_ids, layout.convention))}"
+    named = {
+        "norm_before_residual": cfg.norm_before_residual,
+        "qk_norm": cfg.qk_norm,
+        "feeds norm(x) back": cfg.feed_normed,
+        "logits from raw x": not cfg.logits_from_norm,
+        f"feature norm {cfg.feature_norm}": cfg.feature_norm != "none",
+        f"sliding window {cfg.sliding_window}": cfg.sliding_window is not None,
+        "lm_head tied to embed_tokens": cfg.tied_lm_head,
+    }
+    flags = [name for name, on in named.items() if on]
+    return [
+        f"checkpoint         {path}",
+        f"format             {raw.format}",
+        f"family             EAGLE-3, {layout.layout} layout",
+        f"step / epoch       {raw.step} / {raw.epoch}",
+        f"drafter            1 layer, hidden {cfg.hidden_size}, {cfg.num_attention_heads} heads "
+        f"({cfg.num_key_value_heads} kv) x {cfg.head_dim}, intermediate {cfg.intermediate_size}",
+        f"vocab              draft {cfg.draft_vocab_size} of target {cfg.vocab_size} "
+        f"({'d2t' if 'd2t' in raw.state else 'no d2t'}), embed_tokens "
+        f"{'in the checkpoint' if 'embed_tokens.weight' in raw.state else 'from the target'}",
+        f"math flags         {', '.join(flags) or 'none'}",
+        f"chain steps        {cfg.speculative_tokens or 'not named (default 5)'}",
+        f"layer ids          {ids}",
+        f"tensors            {len(raw.state)}",
+    ]
+
+
+def _load_state(
+    state: Mapping[str, Tensor], layout: Eagle3Layout, target: ModelInfo, request: LoadRequest
+) -> tuple[Eagle3Drafter, ResolvedLayerIds]:
+    """The drafter `state` (keys as the layout names them) holds, for `target`, and its layer ids."""
     cfg = layout.config
     _check_target(cfg, target)
-    state = {(_LAYER + k[len(layout.key_prefix) :] if k.startswith(layout.key_prefix) else k): v
-             for k, v in state.items()}  # fmt: skip
+    state = {
+        (_LAYER + k[len(layout.key_prefix) :] if k.startswith(layout.key_prefix) else k): v for k, v in state.items()
+    }
     fc = state.get("fc.weight")
     if fc is None or fc.dim() != 2:
         raise CheckpointRefused(f"the {layout.layout} checkpoint has no 2-d fc.weight")
     layer_ids = resolve_eagle3_layer_ids(
         checkpoint_ids=layout.layer_ids,
         layout_convention=layout.convention,
-        convention_override=convention_override,
-        override=layer_ids_override,
+        convention_override=request.layer_convention,
+        override=request.layer_ids,
         fc_width=fc.shape[1],
         target_hidden_size=cfg.target_hidden_size,
         num_target_layers=target.num_layers,
@@ -85,7 +147,7 @@ def load_eagle3(
         drafter.load_state_dict(weights, strict=True)
     except RuntimeError as exc:  # unreachable after the checks above, but never continue on a bad load
         raise CheckpointRefused(f"load_state_dict(strict=True) failed: {exc}") from exc
-    return Eagle3Load(drafter.eval(), layer_ids)
+    return drafter.eval(), layer_ids
 
 
 def _tie(state: Mapping[str, Tensor], cfg: Eagle3Config) -> dict[str, Tensor]:

@@ -1,0 +1,120 @@
+"""A checkpoint's tensors and config as read from disk, before any check against a target.
+
+Two formats: a HF directory (`config.json` + `model.safetensors` or `pytorch_model.bin`, no remote
+code; its step from a `trainer_state.json` beside them) and a `torch.save` dict `{"model_state_dict",
+"global_step", "epoch", "config"?}`, both read with `weights_only=True`.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import Tensor
+
+from eval_worker.errors import CheckpointRefused
+from schemas.checkpoint_layout import HF_BIN_WEIGHTS, HF_CONFIG, HF_WEIGHTS, TRAINER_STATE
+
+CheckpointFormat = Literal["hf_dir", "torch_dict"]
+
+
+@dataclass(frozen=True)
+class RawCheckpoint:
+    """A checkpoint's tensors and config as read, before any check against a target."""
+
+    format: CheckpointFormat
+    state: dict[str, Tensor]
+    config: dict[str, Any]
+    step: int | None
+    epoch: int | None
+
+
+def read_raw(path: Path, config_path: Path | None = None) -> RawCheckpoint:
+    """Tensors and config of a HF dir or a torch.save file, unchecked (for `inspect`)."""
+    if not path.exists():
+        raise CheckpointRefused(f"checkpoint {path} does not exist")
+    return _read_hf_dir(path, config_path) if path.is_dir() else _read_torch_dict(path, config_path)
+
+
+def _read_hf_dir(path: Path, config_path: Path | None) -> RawCheckpoint:
+    weights, legacy = path / HF_WEIGHTS, path / HF_BIN_WEIGHTS
+    if weights.is_file():
+        try:
+            state = load_file(weights)
+        except SafetensorError as exc:
+            raise CheckpointRefused(f"{weights} is not a readable safetensors file: {exc}") from exc
+    elif legacy.is_file():
+        state = _tensors(_torch_load(legacy), legacy)
+    else:
+        raise CheckpointRefused(
+            f"{path} has neither {HF_WEIGHTS} nor {HF_BIN_WEIGHTS} (sharded checkpoints are not supported)"
+        )
+    step, epoch = _trainer_state(path / TRAINER_STATE)
+    return RawCheckpoint("hf_dir", state, _read_json(config_path or path / HF_CONFIG), step, epoch)
+
+
+def _trainer_state(path: Path) -> tuple[int | None, int | None]:
+    """A HF directory's training step (and whole epoch) from the `trainer_state.json` trainers write beside it."""
+    if not path.is_file():
+        return None, None
+    state = _read_json(path)
+    step, epoch = state.get("global_step"), state.get("epoch")
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise CheckpointRefused(f"{path}: global_step must be an integer, got {step!r}")
+    if isinstance(epoch, int | float) and not isinstance(epoch, bool) and float(epoch).is_integer():
+        return step, int(epoch)
+    return step, None  # HF trainers write fractional epochs
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as exc:
+        raise CheckpointRefused(f"{path} does not load with torch.load(weights_only=True): {exc}") from exc
+
+
+def _tensors(state: Any, path: Path) -> dict[str, Tensor]:
+    if not isinstance(state, Mapping):
+        raise CheckpointRefused(f"{path} does not hold a mapping of tensors")
+    not_tensors = [k for k, v in state.items() if not isinstance(v, Tensor)]
+    if not_tensors:
+        raise CheckpointRefused(f"{path}: entries {not_tensors} are not tensors")
+    return dict(state)
+
+
+def _read_torch_dict(path: Path, config_path: Path | None) -> RawCheckpoint:
+    obj = _torch_load(path)
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("model_state_dict"), Mapping):
+        raise CheckpointRefused(f"{path} is not a dict with a 'model_state_dict' mapping")
+    state = _tensors(obj["model_state_dict"], path)
+    if config_path is not None:
+        config = _read_json(config_path)
+    elif isinstance(obj.get("config"), Mapping):
+        config = dict(obj["config"])
+    else:
+        raise CheckpointRefused(f"{path} carries no 'config' dict; pass the drafter's config.json path")
+    step, epoch = obj.get("global_step"), obj.get("epoch")
+    return RawCheckpoint(
+        "torch_dict",
+        state,
+        config,
+        int(step) if step is not None else None,
+        int(epoch) if epoch is not None else None,
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointRefused(f"cannot read drafter config {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointRefused(f"drafter config {path} is not a JSON object")
+    return data
