@@ -40,9 +40,9 @@ from starlette.concurrency import run_in_threadpool
 
 from bench.activations import activation_like
 from cache_server.api.app import create_app
+from cache_server.api.bodies import hidden_body
 from cache_server.capture.target import TargetInfo
 from cache_server.client import CacheClient
-from cache_server.compute.bodies import hidden_body
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.service import HiddenStateService
@@ -141,12 +141,12 @@ def serve(
     def build(settings: ServeSettings) -> HiddenStateService:
         store = open_store(settings.store, info, settings.read_threads, ram_cache_gb)
         target: Any = FixtureTarget(info)  # duck-typed stand-in for Target
-        return HiddenStateService(
-            target, store, capture_layers=[], metrics=Metrics(), db=Database(db), stream_hidden=stream
-        )
+        return HiddenStateService(target, store, capture_layers=[], metrics=Metrics(), db=Database(db))
 
     # `model` is never loaded: `build` supplies the target.
-    settings = ServeSettings(model=Path("unused"), store=store, device="cpu", read_threads=read_threads)
+    settings = ServeSettings(
+        model=Path("unused"), store=store, device="cpu", read_threads=read_threads, stream_hidden=stream
+    )
     app = create_app(settings, build=build)
     cached: dict[tuple[str, str], memoryview] = {}
 

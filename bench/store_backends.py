@@ -20,8 +20,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench.serve_hidden import DTYPES, bench_server, fixture_info, interleaved_medians, open_store, seed
+from cache_server.api.bodies import hidden_body
 from cache_server.client import CacheClient
-from cache_server.compute.bodies import hidden_body
 from testing.s3 import aws_environment, fresh_prefix, moto_server
 
 

@@ -12,6 +12,7 @@ from cache_server.api.error_handlers import install_error_handlers
 from cache_server.api.jobs_routes import jobs_router
 from cache_server.api.page import page_router
 from cache_server.api.routes import router
+from cache_server.api.tensor_responses import TensorResponses
 from cache_server.capture.target import Target
 from cache_server.compute.instances import default_db_location
 from cache_server.compute.metrics import Metrics
@@ -72,7 +73,6 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
         generator_concurrency=settings.generator_concurrency,
         unhealthy_after_s=settings.unhealthy_after_s,
         wait_s=settings.wait_s,
-        stream_hidden=settings.stream_hidden,
     )
 
 
@@ -91,9 +91,11 @@ def create_app(
             raise
         service.start()
         app.state.service = service
+        app.state.tensors = TensorResponses(service, stream=settings.stream_hidden)
         try:
             yield
         finally:
+            app.state.tensors.close()
             app.state.jobs.close()
             service.close()
 

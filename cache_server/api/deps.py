@@ -1,4 +1,5 @@
-"""What route handlers receive: the service, the job queue and the checkpoint root of the app."""
+"""What route handlers receive: the service, its tensor responses, the job queue and the checkpoint root
+of the app."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from cache_server.api.tensor_responses import TensorResponses
 from cache_server.compute.service import HiddenStateService
 from cache_server.jobs.queue import JobStore
 
@@ -14,6 +16,11 @@ from cache_server.jobs.queue import JobStore
 def get_service(request: Request) -> HiddenStateService:
     """The app's hidden-state service (opened in the lifespan)."""
     return request.app.state.service
+
+
+def get_tensors(request: Request) -> TensorResponses:
+    """The app's tensor responses (`/hidden`, `/target/heads`)."""
+    return request.app.state.tensors
 
 
 def get_jobs(request: Request) -> JobStore:
@@ -27,5 +34,6 @@ def get_checkpoint_root(request: Request) -> Path | None:
 
 
 ServiceDep = Annotated[HiddenStateService, Depends(get_service)]
+TensorsDep = Annotated[TensorResponses, Depends(get_tensors)]
 JobsDep = Annotated[JobStore, Depends(get_jobs)]
 RootDep = Annotated[Path | None, Depends(get_checkpoint_root)]

@@ -3,24 +3,21 @@ Blocking work runs in threads, never on the event loop."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
-from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from cache_server.api.auth import WriteAccess
-from cache_server.api.deps import ServiceDep
+from cache_server.api.bodies import token_range
+from cache_server.api.deps import ServiceDep, TensorsDep
 from cache_server.api.error_handlers import error_responses
-from cache_server.compute.bodies import token_range
+from cache_server.api.tensor_responses import SAFETENSORS
 from schemas.errors import ErrorCode as E
 from schemas.layers import MAX_OFFSET, AsciiInt
 from schemas.model import ModelInfo
-from schemas.pieces import ENCODING, MEDIA_TYPE
 from schemas.prompts import PromptPage, PromptState, PromptStatus, RegisterRequest, RegisterResponse, SetList
 
-SAFETENSORS = "application/octet-stream"
 PROMETHEUS = "text/plain; version=0.0.4"
 
 
@@ -94,6 +91,7 @@ def prompt_state(prompt_id: str, service: ServiceDep) -> PromptState:
 )
 async def hidden(
     service: ServiceDep,
+    tensors: TensorsDep,
     prompt_id: str,
     layers: Annotated[str, Query(description="comma-separated layer ids, e.g. 1,16,31 (0-based decoder outputs)")],
     start: AsciiInt | None = None,
@@ -109,16 +107,7 @@ async def hidden(
     ids = service.layer_ids(layers)
     manifest = await service.ensure(prompt_id, ids)
     lo, hi = token_range(manifest, start, stop)
-    if encoding == ENCODING:
-        pieces = await run_in_threadpool(service.pieces_body, manifest, ids, lo, hi)
-        return StreamingResponse(
-            _parts(pieces.parts), media_type=MEDIA_TYPE, headers={"Content-Length": str(pieces.nbytes)}
-        )
-    if service.stream_hidden:  # sent block by block while the next block decodes
-        stream = await service.hidden_stream(manifest, ids, lo, hi)
-        return StreamingResponse(stream.pieces, media_type=SAFETENSORS, headers={"Content-Length": str(stream.nbytes)})
-    body = await run_in_threadpool(service.hidden_body, manifest, ids, lo, hi)
-    return Response(content=body.as_memoryview(), media_type=SAFETENSORS)
+    return await tensors.hidden(manifest, ids, lo, hi, encoding)
 
 
 @router.get(
@@ -130,18 +119,12 @@ async def hidden(
         "norm.weight [H] (metadata final_norm_eps) when the final norm is a plain RMSNorm",
     ),
 )
-async def target_heads(service: ServiceDep) -> Response:
+async def target_heads(tensors: TensorsDep) -> Response:
     """The target's input embedding and output head, which DFlash drafters borrow (and its final norm)."""
-    return Response(content=await run_in_threadpool(lambda: service.heads), media_type=SAFETENSORS)
+    return Response(content=await run_in_threadpool(lambda: tensors.heads), media_type=SAFETENSORS)
 
 
 @router.get("/metrics", response_class=Response, responses=_binary(PROMETHEUS, "Prometheus text exposition"))
 def metrics(service: ServiceDep) -> Response:
     """Prometheus metrics: prompts computed and failed, /hidden requests and bytes, compute time."""
     return Response(content=service.metrics.render(), media_type=PROMETHEUS)
-
-
-async def _parts(parts: list[memoryview | bytes]) -> AsyncIterator[memoryview | bytes]:
-    """A body already in memory, sent as its parts (no joined copy)."""
-    for part in parts:
-        yield part

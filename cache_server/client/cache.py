@@ -16,7 +16,7 @@ from typing import Any, Literal
 import httpx
 import numpy as np
 
-from cache_server.client.bodies import BodyReader, BodyTruncated, Scratch, httpx_body
+from cache_server.client.body_reader import BodyReader, BodyTruncated, Scratch, httpx_body
 from cache_server.client.errors import (
     NotFoundError,
     PromptFailedError,

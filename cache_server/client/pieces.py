@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from cache_server.client.bodies import Scratch
+from cache_server.client.body_reader import Scratch
 from schemas.pieces import read_pieces_header
 from schemas.safetensors_frame import numpy_dtype
 

@@ -7,21 +7,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from functools import cached_property
+from collections.abc import Sequence
 
 from cache_server.capture.target import Target
-from cache_server.compute.bodies import heads_body, hidden_body, hidden_metadata
 from cache_server.compute.health import Health
 from cache_server.compute.instances import default_db_location, default_instance, import_store_registrations
 from cache_server.compute.metrics import Metrics
-from cache_server.compute.pieces_body import PiecesBody, pieces_body
 from cache_server.compute.prompt_states import PromptStates
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.scheduler import Scheduler
 from cache_server.compute.sets import SetRegistry
-from cache_server.compute.streaming import BlockBuffers, HiddenStream, hidden_stream
 from cache_server.coordination.captures import CaptureQueue
 from cache_server.coordination.database import Database
 from cache_server.errors import InvalidLayers, InvalidPrompt, PromptNotReady, ServerUnhealthy, StoredDataCorrupt
@@ -32,7 +27,6 @@ from cache_server.torch_utils import dtype_name
 from schemas.layers import layer_list_problem, parse_layer_list
 from schemas.model import ModelInfo
 from schemas.prompts import ChatMessage, GenerateSpec, PromptSpec, RegisteredPrompt
-from schemas.safetensors_frame import FramedBody
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +53,6 @@ class HiddenStateService:
         generator_concurrency: int = 64,
         unhealthy_after_s: float = 30.0,
         wait_s: float = 30.0,
-        stream_hidden: bool = True,
     ) -> None:
         self.target = target
         self.store = store
@@ -87,10 +80,7 @@ class HiddenStateService:
             health=self.health,
         )
         self._wait_s = wait_s
-        self.stream_hidden = stream_hidden
         # Row blocks of streamed bodies decode here, in order, each over all the store's read threads.
-        self._stream_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hidden-stream")
-        self._buffers = BlockBuffers()
 
     @property
     def capture_layers(self) -> list[int]:
@@ -111,7 +101,6 @@ class HiddenStateService:
     def close(self) -> None:
         """Finish the batch in hand and stop; queued prompts stay queued for any server on the store."""
         self.scheduler.close()
-        self._stream_pool.shutdown(wait=True)
         self.store.close()
         self.db.close()
 
@@ -230,52 +219,7 @@ class HiddenStateService:
             ask = not await asyncio.to_thread(self.scheduler.in_progress, prompt_id)
         return manifest
 
-    def hidden_body(self, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> FramedBody:
-        """The `GET /hidden` body of a published prompt in one buffer (blocking: run it off the loop)."""
-        try:
-            body = hidden_body(self.store, manifest, layers, start, stop)
-        except StoreCorrupt as e:
-            raise self._recapture(manifest.prompt_id, e) from e
-        self._count(body.buffer.nbytes)
-        return body
-
-    async def hidden_stream(
-        self, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int
-    ) -> HiddenStream:
-        """The `GET /hidden` body of a published prompt as a stream of decoded row blocks."""
-        metadata = hidden_metadata(manifest, layers, start, stop).to_strings()
-        try:
-            stream = await hidden_stream(
-                self.store, manifest, layers, start, stop, metadata, self._stream_pool, self._buffers
-            )
-        except StoreCorrupt as e:
-            raise await asyncio.to_thread(self._recapture, manifest.prompt_id, e) from e
-        self._count(stream.nbytes)
-        return HiddenStream(stream.nbytes, self._recapturing(manifest.prompt_id, stream.pieces))
-
-    async def _recapturing(
-        self, prompt_id: str, pieces: AsyncIterator[bytes | memoryview]
-    ) -> AsyncIterator[bytes | memoryview]:
-        """`pieces`; a later block that does not decode still has its layers captured again (the
-        client sees the connection end before Content-Length, never wrong bytes)."""
-        try:
-            async for piece in pieces:
-                yield piece
-        except StoreCorrupt as e:
-            await asyncio.to_thread(self._recapture, prompt_id, e)
-            raise
-
-    def pieces_body(self, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> PiecesBody:
-        """The `GET /hidden?encoding=pieces` body: the stored pieces, for a client that decodes them."""
-        metadata = hidden_metadata(manifest, layers, start, stop).to_strings()
-        try:
-            body = pieces_body(self.store, manifest, layers, start, stop, metadata)
-        except StoreCorrupt as e:
-            raise self._recapture(manifest.prompt_id, e) from e
-        self._count(body.nbytes)
-        return body
-
-    def _recapture(self, prompt_id: str, error: StoreCorrupt) -> StoredDataCorrupt:
+    def recapture(self, prompt_id: str, error: StoreCorrupt) -> StoredDataCorrupt:
         """Stored bytes of a published prompt do not decode: its bad layers are no longer served (its
         manifest is published without them) and are queued for capture; the error to answer with."""
         if not error.layers:
@@ -285,12 +229,3 @@ class HiddenStateService:
         self.store.forget_layers(prompt_id, error.layers)
         self.scheduler.request_many([self.prompts.registered(prompt_id)], error.layers)
         return StoredDataCorrupt(f"{error}; being captured again", retry_after_s=1)
-
-    def _count(self, nbytes: int) -> None:
-        self.metrics.hidden_requests.inc()
-        self.metrics.hidden_bytes.inc(nbytes)
-
-    @cached_property
-    def heads(self) -> bytes:
-        """`GET /target/heads`, serialised once: the heads never change while the target is loaded."""
-        return heads_body(self.target)

@@ -41,14 +41,9 @@ def layer_bytes(
     return as_numpy(t).view(storage)
 
 
-def put_array(blobs: Blobs, key: str, data: np.ndarray, *, compress: bool) -> int:
-    """Write `data` as a Zarr array at `key` (whatever an interrupted write left there is removed
-    first: nothing lists it); returns the crc32 of its zarr.json, for the manifest."""
-    blobs.delete(key)
-    return _write_array(blobs, key, data, compress=compress)
-
-
-def _write_array(blobs: Blobs, key: str, data: np.ndarray, *, compress: bool) -> int:
+def write_array(blobs: Blobs, key: str, data: np.ndarray, *, compress: bool) -> int:
+    """Write `data` as a Zarr array under `key` (chunks first, zarr.json last); the crc32 of its
+    zarr.json, for the manifest."""
     meta, encoded = chunks.array_objects(data, compress=compress)
     for c, payload in enumerate(encoded):
         blobs.put(chunks.chunk_key(key, c, data.ndim), payload)
@@ -68,7 +63,7 @@ def put_prompt(
     # One listing finds what interrupted writes left under the arrays about to be written.
     for key in {key for o in blobs.objects(prompt) for key in targets if o.key.startswith(f"{key}/")}:
         blobs.delete(key)
-    puts = {k: pool.submit(_write_array, blobs, keys[k], a, compress=True) for k, a in layers.items()}
+    puts = {k: pool.submit(write_array, blobs, keys[k], a, compress=True) for k, a in layers.items()}
     if token_ids is not None:
-        _write_array(blobs, tokens_key, token_ids, compress=False)
+        write_array(blobs, tokens_key, token_ids, compress=False)
     return {k: f.result() for k, f in puts.items()}

@@ -251,8 +251,8 @@ def leave_interrupted_writes(store: HiddenStore) -> None:
     written before the manifest listing it, a manifest temp file."""
     ns, blobs = store.namespace, store.blobs
     blobs.put(f"{ns}/tmp/dead/layers/0/zarr.json.abc.partial", b"{")
-    publish.put_array(blobs, f"{ns}/prompts/p2/layers/0", np.zeros((T, H), np.uint16), compress=True)
-    publish.put_array(blobs, f"{ns}/prompts/p1/layers/5", np.ones((T, H), np.uint16), compress=True)
+    publish.write_array(blobs, f"{ns}/prompts/p2/layers/0", np.zeros((T, H), np.uint16), compress=True)
+    publish.write_array(blobs, f"{ns}/prompts/p1/layers/5", np.ones((T, H), np.uint16), compress=True)
     blobs.put(f"{ns}/prompts/p1/zarr.json.123.tmp", b"{")
 
 
@@ -395,8 +395,8 @@ def test_direct_chunk_reads_match_zarr(
 def test_other_array_layouts_are_read_through_zarr(open_store: OpenStore, small_chunks: None) -> None:
     store = open_store()
     data = make_layer(0, torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-    publish.put_array(store.blobs, "ours", data, compress=True)
-    publish.put_array(store.blobs, "raw", data, compress=False)
+    publish.write_array(store.blobs, "ours", data, compress=True)
+    publish.write_array(store.blobs, "raw", data, compress=False)
     assert layout(store.blobs, "ours") is not None
     assert layout(store.blobs, "raw") is None
     # A layer someone rewrote with another codec and chunk key encoding still reads back exactly.
@@ -468,7 +468,7 @@ def test_a_row_range_decodes_only_its_blocks_and_reads_exactly(tmp_path: Path, k
     else:
         data = rng.integers(0, 1 << 16, (rows, width), dtype=np.uint16)
     blobs = LocalBlobs(tmp_path)
-    publish.put_array(blobs, "a", data, compress=True)
+    publish.write_array(blobs, "a", data, compress=True)
     chunks = layout(blobs, "a")
     assert chunks is not None
     reader = blosc_reader.ChunkReader()
@@ -484,7 +484,7 @@ def test_a_row_range_decodes_only_its_blocks_and_reads_exactly(tmp_path: Path, k
 def test_a_damaged_block_table_is_an_error_not_garbage(tmp_path: Path) -> None:
     data = as_numpy(torch.randn(1024, 2048).to(torch.bfloat16)).view(np.uint16)
     blobs = LocalBlobs(tmp_path)
-    publish.put_array(blobs, "a", data, compress=True)
+    publish.write_array(blobs, "a", data, compress=True)
     raw = bytearray(blobs.get(arrays.chunk_key("a", 0, 2)) or b"")
     raw[16:20] = (10**9).to_bytes(4, "little")  # the first block's offset points past the chunk
     blobs.put(arrays.chunk_key("a", 0, 2), bytes(raw))
@@ -562,8 +562,8 @@ def test_every_row_range_reads_what_the_whole_prompt_holds(
     """Ranges on each side of every Blosc block boundary and inside each chunk's last, shorter block,
     decoded by the store (safetensors bodies) and as pieces (decoded by the client), equal the rows of
     a whole-prompt read."""
+    from cache_server.api.pieces_body import pieces_body
     from cache_server.client.pieces import decode_pieces
-    from cache_server.compute.pieces_body import pieces_body
 
     dtype = torch.bfloat16 if kind == "noise" else kind
     g = torch.Generator().manual_seed(rows)

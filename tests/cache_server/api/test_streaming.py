@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from cache_server.compute.bodies import hidden_body
-from cache_server.compute.streaming import BlockBuffers, hidden_stream, row_blocks
+from cache_server.api.bodies import hidden_body
+from cache_server.api.streaming import BlockBuffers, hidden_stream, row_blocks
 from cache_server.store import chunks
 from cache_server.store.hidden_store import HiddenStore
 from testing.servers import running_server

@@ -1,0 +1,92 @@
+"""The tensor responses of `GET /hidden` and `GET /target/heads`, built next to the routes that send
+them: a published prompt's rows as one safetensors buffer (`bodies.py`), as a stream of decoded
+blocks (`streaming.py`), or as the stored pieces (`pieces_body.py`). Bytes that do not decode are
+never sent: the service captures their layers again and the caller gets its typed error."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cached_property
+from typing import Literal
+
+from fastapi import Response
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from cache_server.api.bodies import heads_body, hidden_body, hidden_metadata
+from cache_server.api.pieces_body import pieces_body
+from cache_server.api.streaming import BlockBuffers, hidden_stream
+from cache_server.compute.service import HiddenStateService
+from cache_server.store.manifest import PromptManifest, StoreCorrupt
+from schemas.pieces import ENCODING, MEDIA_TYPE
+
+SAFETENSORS = "application/octet-stream"
+
+
+class TensorResponses:
+    """Builds `/hidden` and `/target/heads` responses for one service; `stream`: send `/hidden`
+    safetensors bodies block by block while the next block decodes."""
+
+    def __init__(self, service: HiddenStateService, *, stream: bool) -> None:
+        self.service, self.stream = service, stream
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hidden-stream")
+        self._buffers = BlockBuffers()
+
+    def close(self) -> None:
+        """Stop the stream's decoding thread."""
+        self._pool.shutdown(wait=True)
+
+    async def hidden(
+        self,
+        manifest: PromptManifest,
+        layers: Sequence[int],
+        start: int,
+        stop: int,
+        encoding: Literal["safetensors", "pieces"],
+    ) -> Response:
+        """Rows start:stop of `layers` of a published prompt, concatenated per token in that order."""
+        store, pid = self.service.store, manifest.prompt_id
+        metadata = hidden_metadata(manifest, layers, start, stop).to_strings()
+        try:
+            if encoding == ENCODING:
+                pieces = await run_in_threadpool(pieces_body, store, manifest, layers, start, stop, metadata)
+                nbytes, response = pieces.nbytes, _streamed(_parts(pieces.parts), pieces.nbytes, MEDIA_TYPE)
+            elif self.stream:
+                stream = await hidden_stream(store, manifest, layers, start, stop, metadata, self._pool, self._buffers)
+                nbytes, response = stream.nbytes, _streamed(self._guarded(pid, stream.pieces), stream.nbytes)
+            else:
+                body = await run_in_threadpool(hidden_body, store, manifest, layers, start, stop)
+                nbytes, response = body.buffer.nbytes, Response(body.as_memoryview(), media_type=SAFETENSORS)
+        except StoreCorrupt as e:
+            raise await run_in_threadpool(self.service.recapture, pid, e) from e
+        self.service.metrics.hidden_requests.inc()
+        self.service.metrics.hidden_bytes.inc(nbytes)
+        return response
+
+    @cached_property
+    def heads(self) -> bytes:
+        """`GET /target/heads`, serialised once: the heads never change while the target is loaded."""
+        return heads_body(self.service.target)
+
+    async def _guarded(
+        self, prompt_id: str, pieces: AsyncIterator[bytes | memoryview]
+    ) -> AsyncIterator[bytes | memoryview]:
+        """`pieces`; a later block that does not decode still has its layers captured again (the
+        client sees the connection end before Content-Length, never wrong bytes)."""
+        try:
+            async for piece in pieces:
+                yield piece
+        except StoreCorrupt as e:
+            await run_in_threadpool(self.service.recapture, prompt_id, e)
+            raise
+
+
+def _streamed(parts: AsyncIterator[bytes | memoryview], nbytes: int, media_type: str = SAFETENSORS) -> Response:
+    return StreamingResponse(parts, media_type=media_type, headers={"Content-Length": str(nbytes)})
+
+
+async def _parts(parts: list[memoryview | bytes]) -> AsyncIterator[memoryview | bytes]:
+    """A body already in memory, sent as its parts (no joined copy)."""
+    for part in parts:
+        yield part
