@@ -1,5 +1,5 @@
-"""`cache-server tiny-model DIR ...` and `cache-server serve ...`. The options are generated from the
-settings models (`settings.py`), so each one is also an environment variable."""
+"""`cache-server tiny-model DIR ...`, `cache-server plan ...` and `cache-server serve ...`. The options
+are generated from the settings models (`settings.py`), so each one is also an environment variable."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliSettingsSource
 
-from cache_server.settings import ServeSettings, TinyModelSettings
+from cache_server.settings import PlanSettings, ServeSettings, TinyModelSettings
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("tiny-model", help="write a small random Qwen3-architecture target with a tokenizer")
     tiny.add_argument("dir", type=Path)
     tiny.set_defaults(build_settings=_settings_from(tiny, TinyModelSettings))
+    plan = sub.add_parser("plan", help="what a capture would store, before it starts (no server needed)")
+    plan.set_defaults(build_settings=_settings_from(plan, PlanSettings))
     serve = sub.add_parser("serve", help="serve hidden states over HTTP")
     serve.set_defaults(build_settings=_settings_from(serve, ServeSettings))
     return p
@@ -46,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = args.build_settings(args)
         if isinstance(settings, TinyModelSettings):
             return _tiny_model(args.dir, settings)
+        if isinstance(settings, PlanSettings):
+            return _plan(settings)
         _check_startable(settings)
     except (ValidationError, ValueError, FileNotFoundError) as e:
         print(f"cache-server: {e}", file=sys.stderr)
@@ -54,6 +58,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cache-server needs {e.name}: pip install 'hidden-state-cache[server]'", file=sys.stderr)
         return 2
     return _serve(settings)
+
+
+def _plan(settings: PlanSettings) -> int:
+    from transformers import AutoConfig
+
+    from cache_server.settings import capture_layer_ids
+    from cache_server.store.usage import local_free_bytes
+    from schemas.plan import StoragePlan
+
+    cfg = AutoConfig.from_pretrained(settings.model).get_text_config()
+    layers, hidden = int(cfg.num_hidden_layers), int(cfg.hidden_size)
+    plan = StoragePlan.project(
+        target=settings.model.resolve().name,
+        num_layers=layers,
+        hidden_size=hidden,
+        dtype=settings.dtype,
+        capture_layers=capture_layer_ids(settings.capture_layers, layers),
+        prompts=settings.prompts,
+        tokens=settings.prompts * settings.tokens,
+        free_bytes=local_free_bytes(settings.store) if settings.store is not None else None,
+    )
+    print("\n".join(plan.lines()))
+    return 0
 
 
 def _tiny_model(out_dir: Path, tiny: TinyModelSettings) -> int:

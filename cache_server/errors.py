@@ -7,7 +7,8 @@ CacheServerError
 │   ├── InvalidLayers       a layer list or token range outside the target
 │   ├── UnknownPrompts      a job names prompt ids that are not registered
 │   ├── UnknownSets         a request names prompt sets that do not exist
-│   └── InvalidCheckpointPath  a job's checkpoint is outside the root, missing or not a checkpoint
+│   ├── InvalidCheckpointPath  a job's checkpoint is outside the root, missing or not a checkpoint
+│   └── StorageExceeded     a registration would take a local store past its free space
 ├── Unauthorized            a write without the server's bearer token (401)
 ├── JobsDisabled            job submission without --checkpoint-root (403)
 ├── PromptNotFound          no prompt with that id is registered (404)
@@ -49,6 +50,12 @@ class InvalidLayers(InvalidRequest):
     """A layer list or token range outside what the target has."""
 
     code = ErrorCode.invalid_layers
+
+
+class StorageExceeded(InvalidRequest):
+    """Registering these prompts would take a local store past its free space (the numbers say how far)."""
+
+    code = ErrorCode.storage_exceeded
 
 
 class PromptNotFound(CacheServerError):

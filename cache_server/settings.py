@@ -26,6 +26,18 @@ class TinyModelSettings(BaseSettings):
     seed: int = Field(default=0, description="random seed of the weights")
 
 
+class PlanSettings(BaseSettings):
+    """`cache-server plan`: what a capture would store, before it starts (no server, no weights loaded)."""
+
+    model_config = SettingsConfigDict(env_prefix="CACHE_SERVER_PLAN_", extra="ignore", **_CLI)  # type: ignore[typeddict-item]
+    model: Path = Field(description="Hugging Face model directory of the target (its config.json is read)")
+    prompts: int = Field(ge=1, description="prompts to capture")
+    tokens: int = Field(ge=1, description="tokens per prompt, prompt and response together")
+    capture_layers: str = Field(default="all", description="'all' or the comma-separated layers to store")
+    dtype: DTypeName = Field(default="bfloat16", description="the dtype stored (a server on GPU stores bf16)")
+    store: Path | None = Field(default=None, description="a local store directory, for its free space")
+
+
 class ServeSettings(BaseSettings):
     """`cache-server serve`: the target, the store, the HTTP address and the compute budget."""
 
@@ -155,10 +167,15 @@ class ServeSettings(BaseSettings):
 
     def capture_layer_ids(self, num_layers: int) -> list[int]:
         """The layers to store for every prompt of an `num_layers`-layer target."""
-        if self.capture_layers == "all":
-            return list(range(num_layers))
-        ids = sorted(parse_layer_list(self.capture_layers))
-        problem = layer_list_problem(ids, num_layers)
-        if problem is not None:
-            raise ValueError(f"--capture-layers: {problem}")
-        return ids
+        return capture_layer_ids(self.capture_layers, num_layers)
+
+
+def capture_layer_ids(text: str, num_layers: int) -> list[int]:
+    """`--capture-layers` ('all' or a layer list) for an `num_layers`-layer target."""
+    if text == "all":
+        return list(range(num_layers))
+    ids = sorted(parse_layer_list(text))
+    problem = layer_list_problem(ids, num_layers)
+    if problem is not None:
+        raise ValueError(f"--capture-layers: {problem}")
+    return ids

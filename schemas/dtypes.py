@@ -11,3 +11,4 @@ from typing import Literal, get_args
 DTypeName = Literal["bfloat16", "float16", "float32"]
 DeviceName = Literal["auto", "cpu", "cuda"]
 DTYPE_NAMES: tuple[DTypeName, ...] = get_args(DTypeName)
+DTYPE_BYTES: dict[DTypeName, int] = {"bfloat16": 2, "float16": 2, "float32": 4}  # one element, as stored

@@ -19,6 +19,7 @@ class ErrorCode(StrEnum):
     unknown_prompts = "unknown_prompts"
     unknown_sets = "unknown_sets"
     invalid_checkpoint_path = "invalid_checkpoint_path"
+    storage_exceeded = "storage_exceeded"  # a registration would take a local store past its free space
     # 400: a request the HTTP parser could not read (e.g. a request line over its limit)
     bad_http_request = "bad_http_request"
     # 401 / 403: access
@@ -60,6 +61,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.invalid_layers: 422,
     ErrorCode.unknown_prompts: 422,
     ErrorCode.invalid_checkpoint_path: 422,
+    ErrorCode.storage_exceeded: 422,
     ErrorCode.bad_http_request: 400,
     ErrorCode.unauthorized: 401,
     ErrorCode.jobs_disabled: 403,

@@ -16,6 +16,7 @@ from cache_server.api.tensor_responses import SAFETENSORS
 from schemas.errors import ErrorCode as E
 from schemas.layers import MAX_OFFSET, AsciiInt
 from schemas.model import ModelInfo
+from schemas.plan import StoragePlan
 from schemas.prompts import PromptPage, PromptState, PromptStatus, RegisterRequest, RegisterResponse, SetList
 
 PROMETHEUS = "text/plain; version=0.0.4"
@@ -108,6 +109,17 @@ async def hidden(
     manifest = await service.ensure(prompt_id, ids)
     lo, hi = token_range(manifest, start, stop)
     return await tensors.hidden(manifest, ids, lo, hi, encoding)
+
+
+@router.get("/plan", responses=error_responses())
+def plan(
+    service: ServiceDep,
+    prompts: Annotated[int, Query(ge=1, le=10**9, description="prompts to capture")],
+    tokens: Annotated[int, Query(ge=1, le=10**8, description="tokens per prompt, prompt and response together")],
+) -> StoragePlan:
+    """What a capture would store: bytes per token per layer, the codec's ratio (measured on this store's
+    prompts, else the documented figure), all layers and the capture layers, and the store's free space."""
+    return service.plan(prompts, prompts * tokens)
 
 
 @router.get(

@@ -107,6 +107,7 @@ _BY_CODE: dict[ErrorCode, type[ApiError]] = {
     ErrorCode.unknown_prompts: InvalidRequestError,
     ErrorCode.unknown_sets: InvalidRequestError,
     ErrorCode.invalid_checkpoint_path: InvalidRequestError,
+    ErrorCode.storage_exceeded: InvalidRequestError,
     ErrorCode.unauthorized: UnauthorizedError,
     ErrorCode.jobs_disabled: JobsDisabledError,
     ErrorCode.not_found: NotFoundError,

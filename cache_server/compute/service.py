@@ -8,6 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from typing import cast
 
 from cache_server.capture.target import Target
 from cache_server.compute.health import Health
@@ -19,13 +20,23 @@ from cache_server.compute.scheduler import Scheduler
 from cache_server.compute.sets import SetRegistry
 from cache_server.coordination.captures import CaptureQueue
 from cache_server.coordination.database import Database
-from cache_server.errors import InvalidLayers, InvalidPrompt, PromptNotReady, ServerUnhealthy, StoredDataCorrupt
+from cache_server.errors import (
+    InvalidLayers,
+    InvalidPrompt,
+    PromptNotReady,
+    ServerUnhealthy,
+    StorageExceeded,
+    StoredDataCorrupt,
+)
 from cache_server.generation.engine import EngineClient
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest, StoreCorrupt
+from cache_server.store.usage import free_bytes, measured_ratio
 from cache_server.torch_utils import dtype_name
+from schemas.dtypes import DTypeName
 from schemas.layers import layer_list_problem, parse_layer_list
 from schemas.model import ModelInfo
+from schemas.plan import DOCUMENTED_RATIO, DOCUMENTED_SOURCE, StoragePlan
 from schemas.prompts import ChatMessage, GenerateSpec, PromptSpec, RegisteredPrompt
 
 log = logging.getLogger(__name__)
@@ -132,6 +143,7 @@ class HiddenStateService:
     def register(self, specs: Sequence[PromptSpec], generate: GenerateSpec | None) -> list[RegisteredPrompt]:
         """Validate every prompt first (all or nothing), then queue the new ones (and failed ones again)."""
         regs = [self._registration(spec, generate) for spec in specs]
+        self._check_room([r for r in regs if self.registry.get(r.prompt_id) is None])
         new = self.registry.add_many(regs)  # one transaction for all, and one for their capture work
         self.scheduler.request_many(regs, self.capture_layers, retry_failed=True, known=dict.fromkeys(new))
         captures = self.prompts.captures.states()
@@ -139,6 +151,42 @@ class HiddenStateService:
         for name in dict.fromkeys(n for spec in specs for n in spec.sets):
             self.sets.add(name, [r.prompt_id for r, spec in zip(regs, specs, strict=True) if name in spec.sets])
         return out
+
+    def plan(self, prompts: int, tokens: int) -> StoragePlan:
+        """`tokens` tokens over `prompts` prompts, as this server would store them: its target, capture
+        layers and dtype, the codec ratio measured on its store (else the documented one), the free space."""
+        info, measured = self.target.info, measured_ratio(self.store)
+        ratio, source = (
+            (DOCUMENTED_RATIO, DOCUMENTED_SOURCE)
+            if measured is None
+            else (measured[0], f"measured on {measured[1]} stored prompts of this target")
+        )
+        return StoragePlan.project(
+            target=info.name,
+            num_layers=info.num_layers,
+            hidden_size=info.hidden_size,
+            dtype=cast(DTypeName, dtype_name(info.dtype)),  # the store refuses any other
+            capture_layers=self.capture_layers,
+            prompts=prompts,
+            tokens=tokens,
+            codec_ratio=ratio,
+            codec_ratio_source=source,
+            free_bytes=free_bytes(self.store),
+        )
+
+    def _check_room(self, new: list[Registration]) -> None:
+        """StorageExceeded, before anything is written, if the new prompts' capture layers would not fit
+        a local store (a response to generate counts at its full `max_new_tokens`)."""
+        if not new or free_bytes(self.store) is None:
+            return
+        tokens = sum(r.prompt_len + len(r.response_ids or ()) + (r.max_new_tokens or 0) for r in new)
+        plan = self.plan(len(new), tokens)
+        if plan.fits is False:
+            raise StorageExceeded(
+                f"{len(new)} new prompts of up to {tokens} tokens would store about {plan.capture_layers_bytes} "
+                f"bytes ({len(plan.capture_layers)} layers x {plan.bytes_per_token_per_layer} bytes per token, "
+                f"codec ratio {plan.codec_ratio:.2f}); the store has {plan.free_bytes} bytes free"
+            )
 
     def _registration(self, spec: PromptSpec, generate: GenerateSpec | None) -> Registration:
         prompt_ids = tuple(self.target.encode(self._answers_filled_in(spec)))

@@ -159,13 +159,15 @@ CASES: dict[ErrorCode, tuple[Callable[[CacheClient], Any], type[ApiError]]] = {
 }  # fmt: skip
 # Reached only through their own servers or requests below, or not sendable by this server at all.
 # server_unhealthy: tests/cache_server/compute/test_health.py (a dead loop would end this module's server);
-# stored_data_corrupt: tests/cache_server/api/test_stored_data_corrupt.py (it corrupts a store's files).
+# stored_data_corrupt: tests/cache_server/api/test_stored_data_corrupt.py (it corrupts a store's files);
+# storage_exceeded: tests/cache_server/test_plan.py (a store on a 1 MiB file system).
 ELSEWHERE = {
     ErrorCode.unauthorized,
     ErrorCode.jobs_disabled,
     ErrorCode.http_error,
     ErrorCode.server_unhealthy,
     ErrorCode.stored_data_corrupt,
+    ErrorCode.storage_exceeded,
 }
 
 

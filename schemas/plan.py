@@ -1,0 +1,99 @@
+"""What a capture will store, projected before any byte is written: `cache-server plan`, `GET /plan`,
+and the check that refuses a registration its local store has no room for."""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.dtypes import DTYPE_BYTES, DTypeName
+
+# Blosc zstd-1 with byte shuffle on bf16 activations (bench/codec_choice.py): used until the store
+# holds prompts of its own target to measure.
+DOCUMENTED_RATIO = 1.45
+DOCUMENTED_SOURCE = "documented (bench/codec_choice.py: Blosc zstd-1, byte shuffle, bf16 activations)"
+
+
+class StoragePlan(BaseModel):
+    """Projected bytes of `tokens` tokens over `prompts` prompts, for every layer and for the layers
+    the server captures, after the codec; and the store's free space."""
+
+    model_config = ConfigDict(extra="forbid")
+    target: str
+    num_layers: int
+    hidden_size: int
+    dtype: DTypeName
+    capture_layers: list[int]
+    prompts: int
+    tokens: int = Field(description="tokens in all, prompt and response, over every prompt")
+    bytes_per_token_per_layer: int = Field(description="uncompressed: hidden_size x the dtype's bytes")
+    codec_ratio: float = Field(description="uncompressed bytes per stored byte")
+    codec_ratio_source: str
+    all_layers_bytes: int
+    capture_layers_bytes: int
+    free_bytes: int | None = Field(description="free space under a local store; None: object storage, or no store")
+
+    @classmethod
+    def project(
+        cls,
+        *,
+        target: str,
+        num_layers: int,
+        hidden_size: int,
+        dtype: DTypeName,
+        capture_layers: list[int],
+        prompts: int,
+        tokens: int,
+        codec_ratio: float = DOCUMENTED_RATIO,
+        codec_ratio_source: str = DOCUMENTED_SOURCE,
+        free_bytes: int | None = None,
+    ) -> StoragePlan:
+        """The plan of `tokens` tokens over `prompts` prompts."""
+        per_layer = hidden_size * DTYPE_BYTES[dtype]
+        return cls(
+            target=target,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            dtype=dtype,
+            capture_layers=capture_layers,
+            prompts=prompts,
+            tokens=tokens,
+            bytes_per_token_per_layer=per_layer,
+            codec_ratio=codec_ratio,
+            codec_ratio_source=codec_ratio_source,
+            all_layers_bytes=math.ceil(tokens * per_layer * num_layers / codec_ratio),
+            capture_layers_bytes=math.ceil(tokens * per_layer * len(capture_layers) / codec_ratio),
+            free_bytes=free_bytes,
+        )
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the capture layers fit the free space (None: the free space is not known)."""
+        return None if self.free_bytes is None else self.capture_layers_bytes <= self.free_bytes
+
+    def lines(self) -> list[str]:
+        """The plan for a terminal."""
+        per_token = self.bytes_per_token_per_layer * self.num_layers
+        free = (
+            "not known (object storage, or no local store named)" if self.free_bytes is None else _size(self.free_bytes)
+        )
+        verdict = {None: "", True: " (fits)", False: " (does NOT fit)"}[self.fits]
+        return [
+            f"target             {self.target}: {self.num_layers} layers x hidden {self.hidden_size}, {self.dtype}",
+            f"per token          {_size(self.bytes_per_token_per_layer)} per layer, {_size(per_token)} for all layers",
+            f"codec ratio        {self.codec_ratio:.2f}x, {self.codec_ratio_source}",
+            f"prompts            {self.prompts}, {self.tokens} tokens in all",
+            f"all layers         {_size(self.all_layers_bytes)} ({self.all_layers_bytes} bytes)",
+            f"capture layers     {_size(self.capture_layers_bytes)} ({self.capture_layers_bytes} bytes, "
+            f"{len(self.capture_layers)} layers)",
+            f"free space         {free}{verdict}",
+        ]
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
