@@ -183,6 +183,7 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--suffix", default="", help="appended to every prompt (e.g. gsm8k's 'Please reason ...')")
     add.add_argument("--skip-bad", action="store_true", help="skip malformed rows (listed) instead of stopping")
     add.add_argument("--wait", action="store_true", help="show the set's progress until every prompt is computed")
+    add.add_argument("--dry-run", action="store_true", help="print what registering them would store; register nothing")
 
     cmp_ = command(
         sub, "compare", "table (and plot) of reports by step", commands.compare, LookupSettings, positional=None

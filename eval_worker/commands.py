@@ -233,7 +233,7 @@ def compare(args: argparse.Namespace, settings: LookupSettings) -> int:
 
 def prompts_add(args: argparse.Namespace, settings: ConnectionSettings) -> int:
     """Register dataset files' prompts as one set; with --wait, show its progress until computed."""
-    from eval_worker.prompt_files.register import AddOptions, add_prompts, wait_with_progress
+    from eval_worker.prompt_files.register import AddOptions, add_prompts, plan_prompts, wait_with_progress
 
     opts = AddOptions(
         set_name=args.set_name,
@@ -248,6 +248,15 @@ def prompts_add(args: argparse.Namespace, settings: ConnectionSettings) -> int:
         timeout_s=settings.timeout_s,
     )
     with connect(settings) as client:
+        if args.dry_run:
+            plan, later_turns = plan_prompts(client, args.files, opts)
+            print("\n".join(plan.lines()))
+            if later_turns:
+                print(
+                    f"not counted: {later_turns} later turns of multi-turn rows "
+                    "(tokenized once the earlier turns are answered)"
+                )
+            return ExitCode.ok
         added = add_prompts(client, args.files, opts)
         for message in added.skipped:
             print(f"skipped: {message}")

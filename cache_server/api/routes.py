@@ -122,6 +122,13 @@ def plan(
     return service.plan(prompts, prompts * tokens)
 
 
+@router.post("/plan", responses=error_responses(E.invalid_prompt))
+def plan_registration(service: ServiceDep, body: RegisterRequest) -> StoragePlan:
+    """What registering these prompts (the body `POST /prompts` takes) would store, without registering
+    them: the new ones only, a response to generate counted at its full `max_new_tokens`."""
+    return service.plan_registration(body.prompts, body.generate)
+
+
 @router.get(
     "/target/heads",
     response_class=Response,

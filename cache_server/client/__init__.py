@@ -3,7 +3,8 @@
     from cache_server.client import CacheClient, JobsClient, LeaseLostError
 
 `CacheClient` (`cache.py`) for prompts, the target and tensors, `JobsClient` (`jobs.py`) for jobs and
-the worker protocol; large bodies read into one buffer (`body_reader.py`), pieces decoded on the client's
+the worker protocol, waiting for prompts to be ready (`waiting.py`); large bodies read into one buffer
+(`body_reader.py`), pieces decoded on the client's
 cores (`pieces.py`); results are numpy arrays with `.to_torch()` (`results.py`); errors are the tree
 in `errors.py`.
 """

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import itertools
-import time
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Literal
@@ -18,15 +17,13 @@ import numpy as np
 
 from cache_server.client.body_reader import BodyReader, BodyTruncated, Scratch, httpx_body
 from cache_server.client.errors import (
-    NotFoundError,
-    PromptFailedError,
     ProtocolError,
     ServerUnreachable,
     raise_for_error,
 )
 from cache_server.client.pieces import OutMismatch, check_out, decode_pieces
 from cache_server.client.results import HiddenResult, TargetHeads
-from schemas.errors import ErrorCode
+from cache_server.client.waiting import wait_ready
 from schemas.hidden import (
     HIDDEN_TENSOR,
     TOKEN_IDS_TENSOR,
@@ -35,6 +32,7 @@ from schemas.hidden import (
 from schemas.layers import format_layer_list
 from schemas.model import ModelInfo
 from schemas.pieces import MEDIA_TYPE as PIECES_MEDIA_TYPE
+from schemas.plan import StoragePlan
 from schemas.prompts import (
     GenerateSpec,
     PromptSpec,
@@ -46,8 +44,6 @@ from schemas.prompts import (
     SetList,
 )
 from schemas.safetensors_frame import WireFormatError, parse
-
-_POLL_ONE_BY_ONE = 32  # above this many pending prompts, wait_ready reads the paged listing instead
 
 
 class CacheClient:
@@ -112,10 +108,13 @@ class CacheClient:
         self, prompts: Iterable[PromptSpec | dict[str, Any]], *, max_new_tokens: int | None = None
     ) -> list[RegisteredPrompt]:
         """Register prompts (with generated responses of up to `max_new_tokens`); returns their ids."""
-        specs = [p if isinstance(p, PromptSpec) else PromptSpec.model_validate(p) for p in prompts]
-        generate = GenerateSpec(max_new_tokens=max_new_tokens) if max_new_tokens else None
-        body = RegisterRequest(prompts=specs, generate=generate).model_dump(mode="json", exclude_none=True)
+        body = _register_body(prompts, max_new_tokens)
         return RegisterResponse.model_validate(self.request("POST", "/prompts", json=body).json()).prompts
+
+    def plan(self, prompts: Iterable[PromptSpec | dict[str, Any]], *, max_new_tokens: int | None = None) -> StoragePlan:
+        """What registering these prompts would store, without registering them (`POST /plan`)."""
+        body = _register_body(prompts, max_new_tokens)
+        return StoragePlan.model_validate(self.request("POST", "/plan", json=body).json())
 
     def prompt(self, prompt_id: str) -> PromptState:
         """One prompt's status, with its token ids."""
@@ -163,34 +162,7 @@ class CacheClient:
         `progress(ready, total)` is called after every poll (e.g. to drive a progress bar).
 
         A few prompts are polled one by one; many through the paged listing (1000 per request)."""
-        deadline = time.monotonic() + timeout_s
-        pending = set(prompt_ids)
-        total = len(pending)
-        while pending:
-            if len(pending) <= _POLL_ONE_BY_ONE:
-                states = [self.prompt(pid) for pid in pending]
-            else:
-                states = [s for s in self.prompts() if s.prompt_id in pending]
-                unknown = pending - {s.prompt_id for s in states}
-                if unknown:
-                    raise NotFoundError(
-                        404, ErrorCode.prompt_not_found, f"prompts not registered: {sorted(unknown)[:5]}"
-                    )
-            for state in states:
-                if state.status == PromptStatus.failed:
-                    raise PromptFailedError(
-                        409, ErrorCode.prompt_failed, f"prompt {state.prompt_id} failed: {state.error}"
-                    )
-                if state.status == PromptStatus.ready:
-                    pending.discard(state.prompt_id)
-            if progress is not None:
-                progress(total - len(pending), total)
-            if pending:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"{len(pending)} prompts not ready after {timeout_s:.0f} s: {sorted(pending)[:5]}"
-                    )
-                time.sleep(poll_s)
+        wait_ready(self, prompt_ids, timeout_s=timeout_s, poll_s=poll_s, progress=progress)
 
     # -- tensor endpoints -----------------------------------------------------------------------
 
@@ -283,6 +255,12 @@ class CacheClient:
             return TargetHeads.from_body(*parse(self.get_body("/target/heads")[0]))
         except (WireFormatError, KeyError) as e:
             raise ProtocolError(f"malformed /target/heads body: {e}") from e
+
+
+def _register_body(prompts: Iterable[PromptSpec | dict[str, Any]], max_new_tokens: int | None) -> dict[str, Any]:
+    specs = [p if isinstance(p, PromptSpec) else PromptSpec.model_validate(p) for p in prompts]
+    generate = GenerateSpec(max_new_tokens=max_new_tokens) if max_new_tokens else None
+    return RegisterRequest(prompts=specs, generate=generate).model_dump(mode="json", exclude_none=True)
 
 
 def _copied(hidden: np.ndarray, out: np.ndarray | None) -> np.ndarray:

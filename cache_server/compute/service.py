@@ -143,7 +143,7 @@ class HiddenStateService:
     def register(self, specs: Sequence[PromptSpec], generate: GenerateSpec | None) -> list[RegisteredPrompt]:
         """Validate every prompt first (all or nothing), then queue the new ones (and failed ones again)."""
         regs = [self._registration(spec, generate) for spec in specs]
-        self._check_room([r for r in regs if self.registry.get(r.prompt_id) is None])
+        self._check_room(regs)
         new = self.registry.add_many(regs)  # one transaction for all, and one for their capture work
         self.scheduler.request_many(regs, self.capture_layers, retry_failed=True, known=dict.fromkeys(new))
         captures = self.prompts.captures.states()
@@ -174,17 +174,26 @@ class HiddenStateService:
             free_bytes=free_bytes(self.store),
         )
 
-    def _check_room(self, new: list[Registration]) -> None:
+    def plan_registration(self, specs: Sequence[PromptSpec], generate: GenerateSpec | None) -> StoragePlan:
+        """`POST /plan`: what registering these prompts would store (the ones not registered yet; a
+        response to generate counted at its full `max_new_tokens`), validated as `register` does."""
+        return self._planned([self._registration(spec, generate) for spec in specs])
+
+    def _planned(self, regs: Sequence[Registration]) -> StoragePlan:
+        new = [r for r in regs if self.registry.get(r.prompt_id) is None]
+        return self.plan(len(new), sum(r.prompt_len + len(r.response_ids or ()) + (r.max_new_tokens or 0) for r in new))
+
+    def _check_room(self, regs: Sequence[Registration]) -> None:
         """StorageExceeded, before anything is written, if the new prompts' capture layers would not fit
-        a local store (a response to generate counts at its full `max_new_tokens`)."""
-        if not new or free_bytes(self.store) is None:
+        a local store."""
+        if free_bytes(self.store) is None:
             return
-        tokens = sum(r.prompt_len + len(r.response_ids or ()) + (r.max_new_tokens or 0) for r in new)
-        plan = self.plan(len(new), tokens)
+        plan = self._planned(regs)
         if plan.fits is False:
             raise StorageExceeded(
-                f"{len(new)} new prompts of up to {tokens} tokens would store about {plan.capture_layers_bytes} "
-                f"bytes ({len(plan.capture_layers)} layers x {plan.bytes_per_token_per_layer} bytes per token, "
+                f"{plan.prompts} new prompts of up to {plan.tokens} tokens would store about "
+                f"{plan.capture_layers_bytes} bytes ({len(plan.capture_layers)} layers x "
+                f"{plan.bytes_per_token_per_layer} bytes per token, "
                 f"codec ratio {plan.codec_ratio:.2f}); the store has {plan.free_bytes} bytes free"
             )
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from cache_server.client import CacheClient
 from eval_worker.prompt_files.records import BadRow, Row, prompt_of, read_rows
+from schemas.plan import StoragePlan
 from schemas.prompts import PromptStatus
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,11 @@ def later_turn_spec(row: Row, opts: AddOptions, earlier: list[str], turn: int) -
     return spec
 
 
-def add_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) -> Added:
-    """Read every row first (nothing is registered if one is bad, unless `skip_bad`), then register."""
+def _first_turns(
+    client: CacheClient, files: Sequence[Path], opts: AddOptions
+) -> tuple[list[Row], list[Any], list[str]]:
+    """Every row (nothing goes on if one is bad, unless `skip_bad`), its first turn's `POST /prompts` entry,
+    and the bad rows' messages."""
     has_template = client.model().chat_template_sha256 is not None
     use_template = has_template if opts.chat_template is None else opts.chat_template
     if use_template and not has_template:
@@ -111,6 +115,30 @@ def add_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) ->
     specs = [prompt_spec(row, opts, use_template) for row in rows]
     if not specs:
         raise ValueError(f"no prompts in {[str(f) for f in files]}")
+    return rows, specs, skipped
+
+
+def plan_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) -> tuple[StoragePlan, int]:
+    """`--dry-run`: what registering the files' first turns would store, nothing registered; and how many
+    later turns of multi-turn rows it leaves out (they are tokenized only once the earlier turns are answered)."""
+    rows, specs, _ = _first_turns(client, files, opts)
+    plans = [
+        client.plan(specs[lo : lo + BATCH], max_new_tokens=opts.max_new_tokens) for lo in range(0, len(specs), BATCH)
+    ]
+    first = plans[0]
+    total = StoragePlan.project(
+        **first.model_dump(include={"target", "num_layers", "hidden_size", "dtype", "capture_layers", "free_bytes"}),
+        prompts=sum(p.prompts for p in plans),
+        tokens=sum(p.tokens for p in plans),
+        codec_ratio=first.codec_ratio,
+        codec_ratio_source=first.codec_ratio_source,
+    )
+    return total, sum(len(row.later_turns) for row in rows)
+
+
+def add_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) -> Added:
+    """Read every row first (nothing is registered if one is bad, unless `skip_bad`), then register."""
+    rows, specs, skipped = _first_turns(client, files, opts)
     ids = _register(client, specs, opts.max_new_tokens)
     # Multi-turn rows: turn k is registered once the target has answered turns 1..k-1 (each its own prompt).
     threads = {i: [pid] for i, (row, pid) in enumerate(zip(rows, ids, strict=True)) if row.later_turns}

@@ -5,6 +5,7 @@ sets, rendered with the target's chat template exactly as `tokenizer.apply_chat_
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,26 @@ def test_a_malformed_row_registers_nothing_unless_skipped(
             out = capsys.readouterr().out
             assert "row 2: field 'turns' must be a non-empty list of strings" in out and "1 prompts registered" in out
             assert [s.total for s in client.sets().sets] == [1]
+
+
+def test_a_dry_run_prints_what_registering_would_store_and_registers_nothing(
+    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = tmp_path / "gsm8k.jsonl", tmp_path / "mt_bench.jsonl"
+    files[0].write_text("".join(json.dumps(row) + "\n" for row in GSM8K))
+    files[1].write_text("".join(json.dumps(row) + "\n" for row in MT_BENCH))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    first_turns = [r["question"] for r in GSM8K] + [r["turns"][0] for r in MT_BENCH]
+    tokens = sum(len(_render(tokenizer, text, None)) + 16 for text in first_turns)  # each response at its full 16
+    with running_server(tiny_target, tmp_path / "store") as url:
+        argv = ["prompts", "add", *map(str, files), "--server", url, "--set", "mixed", "--max-new-tokens", "16"]
+        assert main([*argv, "--dry-run"]) == ExitCode.ok
+        with CacheClient(url) as client:
+            assert client.prompts() == [] and client.sets().sets == []  # nothing registered
+            info = client.model()
+    out = capsys.readouterr().out
+    lines = {line[:19].strip(): line[19:] for line in out.splitlines()}
+    assert lines["prompts"] == f"4, {tokens} tokens in all"
+    per_token_all = info.hidden_size * 4 * info.num_layers  # float32 on CPU, every layer captured
+    assert lines["capture layers"].endswith(f"({math.ceil(tokens * per_token_all / 1.45)} bytes, 6 layers)")
+    assert "not counted: 2 later turns of multi-turn rows (tokenized once the earlier turns are answered)" in out
