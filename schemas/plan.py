@@ -4,6 +4,7 @@ and the check that refuses a registration its local store has no room for."""
 from __future__ import annotations
 
 import math
+from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -89,6 +90,23 @@ class StoragePlan(BaseModel):
             f"{len(self.capture_layers)} layers)",
             f"free space         {free}{verdict}",
         ]
+
+
+class LayerSetUsage(BaseModel):
+    """One layer set the done jobs read, how many of them, and when the last one finished."""
+
+    layers: list[int]
+    jobs: int
+    last_finished_at: datetime
+
+
+class LayerUsage(BaseModel):
+    """`GET /layers/usage`: the layer sets (served layer ids) of the jobs done since `since`, most used
+    first, and their union: what keeping a subset of the stored layers must keep for them."""
+
+    since: datetime
+    layer_sets: list[LayerSetUsage]
+    layers: list[int]
 
 
 def _size(n: float) -> str:

@@ -3,6 +3,7 @@ Blocking work runs in threads, never on the event loop."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
@@ -10,13 +11,14 @@ from starlette.concurrency import run_in_threadpool
 
 from cache_server.api.auth import WriteAccess
 from cache_server.api.bodies import token_range
-from cache_server.api.deps import ServiceDep, TensorsDep
+from cache_server.api.deps import JobsDep, ServiceDep, TensorsDep
 from cache_server.api.error_handlers import error_responses
 from cache_server.api.tensor_responses import SAFETENSORS
+from cache_server.jobs.layer_usage import layer_usage
 from schemas.errors import ErrorCode as E
 from schemas.layers import MAX_OFFSET, AsciiInt
 from schemas.model import ModelInfo
-from schemas.plan import StoragePlan
+from schemas.plan import LayerUsage, StoragePlan
 from schemas.prompts import PromptPage, PromptState, PromptStatus, RegisterRequest, RegisterResponse, SetList
 
 PROMETHEUS = "text/plain; version=0.0.4"
@@ -127,6 +129,15 @@ def plan_registration(service: ServiceDep, body: RegisterRequest) -> StoragePlan
     """What registering these prompts (the body `POST /prompts` takes) would store, without registering
     them: the new ones only, a response to generate counted at its full `max_new_tokens`."""
     return service.plan_registration(body.prompts, body.generate)
+
+
+@router.get("/layers/usage", responses=error_responses())
+def layers_usage(
+    jobs: JobsDep, days: Annotated[float, Query(gt=0, le=36500, description="jobs finished this many days back")] = 30
+) -> LayerUsage:
+    """Which layer sets the jobs done in the last `days` days read, and their union: the layers a store
+    keeping only some must keep for those checkpoints."""
+    return layer_usage(jobs, since=time.time() - days * 86400)
 
 
 @router.get(

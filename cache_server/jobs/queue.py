@@ -119,6 +119,13 @@ class JobStore:
             )
             return [(job_state(r._mapping), str(r.report)) for r in rows], total
 
+    def layer_sets_since(self, since: float) -> list[tuple[tuple[int, ...], float]]:
+        """The layer ids each job done at `since` or later read (from its report), with when it finished."""
+        done = and_(JOBS.c.status == "done", JOBS.c.finished_at >= since)
+        with self.db.read() as c:
+            rows = c.execute(select(JOBS.c.report, JOBS.c.finished_at).where(done).order_by(JOBS.c.seq)).all()
+        return [(tuple(json.loads(r.report)["target_layer_ids"]), float(r.finished_at)) for r in rows]
+
     def report(self, job_id: str) -> str:
         """The stored EvalReport JSON of a done job."""
         self._settle_exhausted()
