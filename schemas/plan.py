@@ -68,6 +68,13 @@ class StoragePlan(BaseModel):
             free_bytes=free_bytes,
         )
 
+    def for_load(self, prompts: int, tokens: int) -> StoragePlan:
+        """The same target, codec ratio and free space for another number of prompts and tokens."""
+        fixed = {"target", "num_layers", "hidden_size", "dtype", "capture_layers", "codec_ratio", "codec_ratio_source"}
+        return StoragePlan.project(
+            **self.model_dump(include=fixed), prompts=prompts, tokens=tokens, free_bytes=self.free_bytes
+        )
+
     @property
     def fits(self) -> bool | None:
         """Whether the capture layers fit the free space (None: the free space is not known)."""
@@ -110,8 +117,10 @@ class LayerUsage(BaseModel):
 
 
 def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if n < 1000:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB", "GB"):
         n /= 1000
-    raise AssertionError("unreachable")
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} TB"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cache_server.api.bodies import hidden_metadata
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
 from schemas.pieces import Piece, pieces_header
@@ -28,7 +29,7 @@ class PiecesBody:
 
 
 def pieces_body(
-    store: HiddenStore, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int, metadata: dict[str, str]
+    store: HiddenStore, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int
 ) -> PiecesBody:
     """Rows start:stop of `layers` as stored (blocks the rows need), with the token ids."""
     index: list[Piece] = []
@@ -40,6 +41,7 @@ def pieces_body(
             payloads.append(payload)
             offset += len(payload)
     token_ids = np.ascontiguousarray(store.token_ids(manifest.prompt_id)[start:stop], dtype="<i8").tobytes()
+    metadata = hidden_metadata(manifest, layers, start, stop).to_strings()
     head = pieces_header(
         metadata, manifest.dtype, stop - start, manifest.hidden_size, len(layers), index, (offset, len(token_ids))
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cache_server.api.bodies import hidden_metadata
 from cache_server.store import chunks
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
@@ -77,7 +78,6 @@ async def hidden_stream(
     layers: Sequence[int],
     start: int,
     stop: int,
-    metadata: dict[str, str],
     pool: ThreadPoolExecutor,
     buffers: BlockBuffers,
 ) -> HiddenStream:
@@ -90,7 +90,7 @@ async def hidden_stream(
         TensorSpec(HIDDEN_TENSOR, dtype, (stop - start, width)),
         TensorSpec(TOKEN_IDS_TENSOR, np.dtype(np.int64), (stop - start,)),
     ]
-    head, offsets = frame_header(specs, metadata)
+    head, offsets = frame_header(specs, hidden_metadata(manifest, layers, start, stop).to_strings())
     row_bytes = width * dtype.itemsize
     ids = await asyncio.wrap_future(pool.submit(store.token_ids, manifest.prompt_id))  # zarr: off the loop
     token_ids = np.ascontiguousarray(ids[start:stop], dtype="<i8").tobytes()

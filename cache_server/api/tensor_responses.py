@@ -14,7 +14,7 @@ from fastapi import Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from cache_server.api.bodies import heads_body, hidden_body, hidden_metadata
+from cache_server.api.bodies import heads_body, hidden_body
 from cache_server.api.pieces_body import pieces_body
 from cache_server.api.streaming import BlockBuffers, hidden_stream
 from cache_server.compute.service import HiddenStateService
@@ -47,13 +47,12 @@ class TensorResponses:
     ) -> Response:
         """Rows start:stop of `layers` of a published prompt, concatenated per token in that order."""
         store, pid = self.service.store, manifest.prompt_id
-        metadata = hidden_metadata(manifest, layers, start, stop).to_strings()
         try:
             if encoding == ENCODING:
-                pieces = await run_in_threadpool(pieces_body, store, manifest, layers, start, stop, metadata)
+                pieces = await run_in_threadpool(pieces_body, store, manifest, layers, start, stop)
                 nbytes, response = pieces.nbytes, _streamed(_parts(pieces.parts), pieces.nbytes, MEDIA_TYPE)
             elif self.stream:
-                stream = await hidden_stream(store, manifest, layers, start, stop, metadata, self._pool, self._buffers)
+                stream = await hidden_stream(store, manifest, layers, start, stop, self._pool, self._buffers)
                 nbytes, response = stream.nbytes, _streamed(self._guarded(pid, stream.pieces), stream.nbytes)
             else:
                 body = await run_in_threadpool(hidden_body, store, manifest, layers, start, stop)

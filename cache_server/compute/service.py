@@ -31,12 +31,12 @@ from cache_server.errors import (
 from cache_server.generation.engine import EngineClient
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest, StoreCorrupt
-from cache_server.store.usage import free_bytes, measured_ratio
+from cache_server.store.usage import CodecRatio, free_bytes
 from cache_server.torch_utils import dtype_name
 from schemas.dtypes import DTypeName
 from schemas.layers import layer_list_problem, parse_layer_list
 from schemas.model import ModelInfo
-from schemas.plan import DOCUMENTED_RATIO, DOCUMENTED_SOURCE, StoragePlan
+from schemas.plan import StoragePlan
 from schemas.prompts import ChatMessage, GenerateSpec, PromptSpec, RegisteredPrompt
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class HiddenStateService:
     ) -> None:
         self.target = target
         self.store = store
+        self._codec_ratio = CodecRatio(store)
         self.metrics = metrics
         self.instance = instance or default_instance()
         self.db = db if db is not None else Database(default_db_location(store))
@@ -155,12 +156,7 @@ class HiddenStateService:
     def plan(self, prompts: int, tokens: int) -> StoragePlan:
         """`tokens` tokens over `prompts` prompts, as this server would store them: its target, capture
         layers and dtype, the codec ratio measured on its store (else the documented one), the free space."""
-        info, measured = self.target.info, measured_ratio(self.store)
-        ratio, source = (
-            (DOCUMENTED_RATIO, DOCUMENTED_SOURCE)
-            if measured is None
-            else (measured[0], f"measured on {measured[1]} stored prompts of this target")
-        )
+        info, (ratio, source) = self.target.info, self._codec_ratio.get()
         return StoragePlan.project(
             target=info.name,
             num_layers=info.num_layers,
@@ -258,10 +254,12 @@ class HiddenStateService:
         reg = await asyncio.to_thread(self.prompts.registered, prompt_id)
         deadline = time.monotonic() + self._wait_s
         manifest = await asyncio.to_thread(self.store.manifest, prompt_id)
-        fresh, ask = False, True  # `fresh`: `manifest` was just read from the store (else a stale copy)
+        fresh = False  # `manifest` was just read from the store (else it may be a stale copy)
         while manifest is None or not set(layers) <= set(manifest.layers):
             finished = self.scheduler.finished(prompt_id)  # before asking, so that no wake-up is missed
-            if ask:  # raises PromptFailed once the target has failed on it
+            # Asked on the first round, and again only once no capture of it is queued or running;
+            # request_many raises PromptFailed once the target has failed on it.
+            if not fresh or not await asyncio.to_thread(self.scheduler.in_progress, prompt_id):
                 known = {prompt_id: manifest} if fresh else {}
                 await asyncio.to_thread(self.scheduler.request_many, [reg], layers, known=known)
             remaining = deadline - time.monotonic()
@@ -273,7 +271,6 @@ class HiddenStateService:
                 wait_s = min(remaining, self.scheduler.poll_s)
                 await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(finished)), wait_s)
             manifest, fresh = await asyncio.to_thread(self.store.manifest, prompt_id, fresh=True), True
-            ask = not await asyncio.to_thread(self.scheduler.in_progress, prompt_id)
         return manifest
 
     def recapture(self, prompt_id: str, error: StoreCorrupt) -> StoredDataCorrupt:

@@ -119,9 +119,8 @@ class CaptureQueue:
                 CAPTURES.c.status == "queued", and_(CAPTURES.c.status == "running", CAPTURES.c.lease_expires_at <= now)
             ),
         )
-        with self.db.read() as c:
-            if c.execute(claimable.limit(1)).first() is None:
-                return None
+        if not self.db.any(claimable):
+            return None
         with self.db.transaction() as c:
             row = c.execute(claimable.order_by(CAPTURES.c.seq).limit(1).with_for_update(skip_locked=True)).first()
             if row is None:

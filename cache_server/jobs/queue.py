@@ -147,9 +147,8 @@ class JobStore:
         self._settle_exhausted()
         now = self._now()
         claimable = or_(JOBS.c.status == "queued", and_(JOBS.c.status == "running", JOBS.c.lease_expires_at <= now))
-        with self.db.read() as c:  # an idle worker's poll takes no lock
-            if c.execute(select(JOBS.c.job_id).where(claimable).limit(1)).first() is None:
-                return None
+        if not self.db.any(select(JOBS.c.job_id).where(claimable)):  # an idle worker's poll takes no lock
+            return None
         with self.db.transaction() as c:
             row = c.execute(
                 select(JOBS.c.job_id, JOBS.c.status, JOBS.c.worker, JOBS.c.attempts)
@@ -242,9 +241,8 @@ class JobStore:
         exhausted = and_(
             JOBS.c.status == "running", JOBS.c.lease_expires_at <= now, JOBS.c.attempts >= JOBS.c.max_attempts
         )
-        with self.db.read() as c:
-            if c.execute(select(JOBS.c.job_id).where(exhausted).limit(1)).first() is None:
-                return
+        if not self.db.any(select(JOBS.c.job_id).where(exhausted)):
+            return
         worker = func.coalesce(JOBS.c.worker, "?")
         error = (
             literal("lease expired on worker ", Text) + worker + " after " + cast(JOBS.c.attempts, Text) + " attempts"

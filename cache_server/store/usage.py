@@ -1,5 +1,6 @@
 """How much a store holds and has room for: the codec's ratio measured on a target's own stored
-layers, and the free space under a local store (object storage reports none)."""
+layers (kept once measured on enough of them), and the free space under a local store (object
+storage reports none)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from cache_server.store.blobs import LocalBlobs
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import StoreError
 from schemas.dtypes import DTYPE_BYTES
+from schemas.plan import DOCUMENTED_RATIO, DOCUMENTED_SOURCE
 
 
 def free_bytes(store: HiddenStore) -> int | None:
@@ -40,8 +42,30 @@ def measured_ratio(store: HiddenStore, sample: int = 16) -> tuple[float, int] | 
             continue  # a corrupt manifest is reported where it is read
         if m is None or not m.layers:
             continue
-        for k in m.layers:  # the published layers only (an unpublished write may lie beside them)
-            stored += sum(o.size for o in store.blobs.objects(f"{prompts}/{prompt_id}/layers/{k}"))
+        base, published = f"{prompts}/{prompt_id}/layers/", {str(k) for k in m.layers}
+        # One listing of the prompt's layers, counting the published ones (an unpublished write may lie beside them).
+        stored += sum(o.size for o in store.blobs.objects(base) if o.key[len(base) :].split("/")[0] in published)
         raw += m.num_tokens * m.hidden_size * DTYPE_BYTES[m.dtype] * len(m.layers)
         counted += 1
     return (raw / stored, counted) if stored else None
+
+
+class CodecRatio:
+    """A store's codec ratio for planning: measured on up to `sample` of its prompts and kept once that
+    many were measured (more would not move it), the documented figure while none is stored."""
+
+    def __init__(self, store: HiddenStore, sample: int = 16) -> None:
+        self._store, self._sample = store, sample
+        self._kept: tuple[float, str] | None = None
+
+    def get(self) -> tuple[float, str]:
+        """(ratio, where it came from)."""
+        if self._kept is not None:
+            return self._kept
+        measured = measured_ratio(self._store, self._sample)
+        if measured is None:
+            return DOCUMENTED_RATIO, DOCUMENTED_SOURCE
+        found = measured[0], f"measured on {measured[1]} stored prompts of this target"
+        if measured[1] == self._sample:
+            self._kept = found
+        return found

@@ -125,14 +125,7 @@ def plan_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) -
     plans = [
         client.plan(specs[lo : lo + BATCH], max_new_tokens=opts.max_new_tokens) for lo in range(0, len(specs), BATCH)
     ]
-    first = plans[0]
-    total = StoragePlan.project(
-        **first.model_dump(include={"target", "num_layers", "hidden_size", "dtype", "capture_layers", "free_bytes"}),
-        prompts=sum(p.prompts for p in plans),
-        tokens=sum(p.tokens for p in plans),
-        codec_ratio=first.codec_ratio,
-        codec_ratio_source=first.codec_ratio_source,
-    )
+    total = plans[0].for_load(sum(p.prompts for p in plans), sum(p.tokens for p in plans))
     return total, sum(len(row.later_turns) for row in rows)
 
 

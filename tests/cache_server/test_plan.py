@@ -19,10 +19,12 @@ def _prompts(n: int, length: int, offset: int) -> list[dict[str, list[int]]]:
     """`n` prompts of exactly `length` tokens each (half prompt, half given response)."""
     half = length // 2
     return [
-        {"token_ids": [(offset + i * 7 + j) % 500 + 3 for j in range(half)],
-         "response_token_ids": [(offset + i * 11 + j) % 500 + 3 for j in range(length - half)]}
+        {
+            "token_ids": [(offset + i * 7 + j) % 500 + 3 for j in range(half)],
+            "response_token_ids": [(offset + i * 11 + j) % 500 + 3 for j in range(length - half)],
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def _stored_layer_bytes(store: Path, prompt_ids: list[str]) -> int:

@@ -56,7 +56,7 @@ def test_a_buffer_a_transport_still_holds_is_never_reused(tmp_path: Path, monkey
     buffers, pool = BlockBuffers(), ThreadPoolExecutor(2)
 
     async def run(store: HiddenStore, hold: list[memoryview], order: list[int]) -> bytes:
-        stream = await hidden_stream(store, store.manifest("p"), order, 0, 40, {}, pool, buffers)  # type: ignore[arg-type]
+        stream = await hidden_stream(store, store.manifest("p"), order, 0, 40, pool, buffers)  # type: ignore[arg-type]
         pieces = [piece async for piece in stream.pieces]
         hold.extend(p for p in pieces if isinstance(p, memoryview))
         return b"".join(bytes(p) for p in pieces)

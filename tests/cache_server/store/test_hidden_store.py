@@ -589,7 +589,7 @@ def test_every_row_range_reads_what_the_whole_prompt_holds(
             out = np.empty((stop - start, 2 * width), store.numpy_dtype)
             store.read_into("p", [0, 1], out, start, stop)
             assert np.array_equal(out.view(np.uint8), whole[start:stop].view(np.uint8)), (start, stop)
-            body = pieces_body(store, manifest, [0, 1], start, stop, {}).joined()
+            body = pieces_body(store, manifest, [0, 1], start, stop).joined()
             hidden, token_ids, _ = decode_pieces(body)
             assert np.array_equal(hidden.view(np.uint8), whole[start:stop].view(np.uint8)), ("pieces", start, stop)
             assert token_ids.tolist() == list(range(start, stop))
