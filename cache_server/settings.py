@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.dtypes import DeviceName, DTypeName
 from schemas.layers import layer_list_problem, parse_layer_list
+from schemas.storage import StorageName
 
 _CLI = {"cli_kebab_case": True, "cli_hide_none_type": True, "cli_avoid_json": True, "cli_implicit_flags": True}
 
@@ -71,6 +72,11 @@ class ServeSettings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535, description="port")
     device: DeviceName = Field(default="auto", description="where the target runs")
     dtype: DTypeName | None = Field(default=None, description="target dtype (default: bf16 on GPU, fp32 on CPU)")
+    store_dtype: StorageName = Field(
+        default="exact",
+        description="how states are stored: 'exact' (the target dtype's bytes, lossless) or 'float8_e4m3fn' "
+        "(FP8 with one scale per token, half the bytes of bf16, in a namespace of its own; /hidden says so)",
+    )
     capture_layers: str = Field(
         default="all", description="'all' or a comma-separated superset of the layers that will be asked for"
     )

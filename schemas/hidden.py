@@ -26,7 +26,8 @@ class HiddenMetadata(BaseModel):
     prompt_len: int
     start: int
     stop: int
-    dtype: str
+    dtype: str  # the tensor's: the target's
+    storage: str = "exact"  # `schemas.storage.describe_storage`: e.g. "float8_e4m3fn per-token scale"
     greedy_mismatches: int | None = None  # response tokens that are not the target's greedy choice
     generator: str | None = None  # how the response was made (`GeneratorInfo.describe()`)
 

@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.layers import LAYER_CONVENTION, LayerConvention
 from schemas.prompts import GeneratorInfo
+from schemas.storage import StorageName
 
 
 class ModelInfo(BaseModel):
@@ -19,6 +20,7 @@ class ModelInfo(BaseModel):
     vocab_size: int
     max_position_embeddings: int
     dtype: str
+    storage: StorageName = Field(default="exact", description="how the states are stored (`schemas/storage.py`)")
     layer_convention: LayerConvention = LAYER_CONVENTION
     capture_layers: list[int]
     chat_template_sha256: str | None = Field(

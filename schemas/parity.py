@@ -34,6 +34,7 @@ class ParityReport(BaseModel):
     engine_model: str
     engine_version: str | None
     target_fingerprint: str
+    feature_storage: str = Field(default="exact", description="how the offline side's features were stored")
     prompts: list[PromptParity]
     agreeing: int
     live_tau: float | None

@@ -6,6 +6,10 @@ the token ids (int64 little-endian). The header holds the same `__metadata__` as
 body, the element type, the shape, and one entry per piece: [layer index in the request, first row
 in the range, rows, kind, byte offset after the header, byte length, skip]. A "blosc" piece is a
 Blosc 1 chunk whose decoded bytes from `skip` on hold the rows; a "raw" piece is the rows themselves.
+
+From an FP8 store (header `storage: float8_e4m3fn`) the pieces hold FP8 bytes (one per element), and
+the scales follow the token ids: float32 little-endian [layers, rows], at header `scales` (offset,
+length); `dtype` is still the target's, what the client dequantizes to (`schemas.storage.dequantize`).
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ def pieces_header(
     layers: int,
     pieces: list[Piece],
     token_ids: tuple[int, int],
+    scales: tuple[int, int] | None = None,
 ) -> bytes:
-    """The bytes before the pieces: length, then the JSON header."""
-    header = {
+    """The bytes before the pieces: length, then the JSON header; `scales` (offset, length) for an FP8
+    store's body."""
+    header: dict[str, Any] = {
         "__metadata__": metadata,
         "dtype": dtype,
         "rows": rows,
@@ -38,6 +44,8 @@ def pieces_header(
         "pieces": pieces,
         "token_ids": list(token_ids),
     }
+    if scales is not None:
+        header |= {"storage": "float8_e4m3fn", "scales": list(scales)}
     raw = json.dumps(header, separators=(",", ":")).encode()
     return struct.pack("<Q", len(raw)) + raw
 

@@ -115,6 +115,10 @@ class EvalReport(BaseModel):
     epoch: int | None
     target_name: str
     target_fingerprint: str
+    feature_storage: str = Field(
+        default="exact",
+        description='how the features were stored: "exact", or "float8_e4m3fn per-token scale" (a lossy store)',
+    )
     target_layer_ids: list[int] = Field(description="the target layers fetched: 0-based decoder outputs")
     layer_ids_source: Literal["checkpoint", "default", "inferred", "override"]
     checkpoint_layer_ids: list[int] | None = Field(default=None, description="the ids as the checkpoint writes them")

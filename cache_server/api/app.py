@@ -35,7 +35,13 @@ DESCRIPTION = (
 def build_service(settings: ServeSettings) -> HiddenStateService:
     """Load the target, check the engine that generates its responses (when there is one) and open
     its store namespace; EngineUnfit when the engine cannot serve as this target's generator."""
-    target = Target(settings.model, device=settings.device, dtype=settings.dtype, device_map=settings.device_map)
+    target = Target(
+        settings.model,
+        device=settings.device,
+        dtype=settings.dtype,
+        device_map=settings.device_map,
+        storage=settings.store_dtype,
+    )
     engine = None
     if settings.generator != "hf":
         engine = checked_engine(
@@ -58,6 +64,7 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
         read_threads=settings.read_threads,
         ram_cache=ram,
         orphan_grace_s=settings.orphan_grace_s,
+        storage=target.info.storage,
     )
     return HiddenStateService(
         target,

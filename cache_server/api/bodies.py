@@ -22,6 +22,7 @@ from schemas.hidden import (
     HiddenMetadata,
 )
 from schemas.safetensors_frame import FramedBody, TensorSpec, frame, numpy_dtype
+from schemas.storage import describe_storage
 
 
 def token_range(manifest: PromptManifest, start: int | None, stop: int | None) -> tuple[int, int]:
@@ -46,6 +47,7 @@ def hidden_metadata(manifest: PromptManifest, layers: Sequence[int], start: int,
         start=start,
         stop=stop,
         dtype=manifest.dtype,
+        storage=describe_storage(manifest.storage),
         greedy_mismatches=manifest.greedy_mismatches,
         generator=manifest.generator.describe() if manifest.generator is not None else None,
     )

@@ -41,8 +41,19 @@ def pieces_body(
             payloads.append(payload)
             offset += len(payload)
     token_ids = np.ascontiguousarray(store.token_ids(manifest.prompt_id)[start:stop], dtype="<i8").tobytes()
+    scales, scales_at = b"", None
+    if manifest.storage != "exact":
+        scales = np.ascontiguousarray(store.scales(manifest.prompt_id, layers, start, stop), dtype="<f4").tobytes()
+        scales_at = (offset + len(token_ids), len(scales))
     metadata = hidden_metadata(manifest, layers, start, stop).to_strings()
     head = pieces_header(
-        metadata, manifest.dtype, stop - start, manifest.hidden_size, len(layers), index, (offset, len(token_ids))
+        metadata,
+        manifest.dtype,
+        stop - start,
+        manifest.hidden_size,
+        len(layers),
+        index,
+        (offset, len(token_ids)),
+        scales_at,
     )
-    return PiecesBody([head, *payloads, token_ids], len(head) + offset + len(token_ids))
+    return PiecesBody([head, *payloads, token_ids, scales], len(head) + offset + len(token_ids) + len(scales))

@@ -1,6 +1,7 @@
-"""A target's identity: config, weight bytes, runtime dtype and tokenizer, hashed into one id.
+"""A target's identity: config, weight bytes, runtime dtype, tokenizer and how states are stored,
+hashed into one id.
 
-The store is namespaced by it, so a different model, checkpoint or dtype never reads old states.
+The store is namespaced by it, so a different model, checkpoint, dtype or storage never reads old states.
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ def _hash_file(h: hashlib._Hash, path: Path) -> None:
         h.update(hashlib.file_digest(f, "sha256").digest())
 
 
-def target_fingerprint(model_dir: Path, dtype_name: str) -> str:
-    """sha256 over config.json (canonical), every weight file's bytes, tokenizer files and dtype.
+def target_fingerprint(model_dir: Path, dtype_name: str, storage: str = "exact") -> str:
+    """sha256 over config.json (canonical), every weight file's bytes, tokenizer files, dtype and a
+    storage other than exact (an exact store keeps the id it had before storages existed).
 
     Weight files are hashed in full: it costs one sequential read, cheaper than serving a stale cache.
     """
     h = hashlib.sha256()
     h.update(f"format={STORE_FORMAT_VERSION};dtype={dtype_name};".encode())
+    if storage != "exact":
+        h.update(f"storage={storage};".encode())
     config = json.loads((model_dir / "config.json").read_text())
     h.update(json.dumps(config, sort_keys=True).encode())
     weights = sorted(p for p in model_dir.iterdir() if p.suffix in _WEIGHT_SUFFIXES)

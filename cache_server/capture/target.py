@@ -21,6 +21,7 @@ from cache_server.capture.hooks import capture_decoder_outputs, decoder_layers
 from cache_server.errors import InvalidPrompt
 from cache_server.torch_utils import dtype_name, resolve_device, resolve_dtype
 from schemas.prompts import PromptSpec
+from schemas.storage import StorageName
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class TargetInfo:
     vocab_size: int
     max_position_embeddings: int
     dtype: torch.dtype
+    storage: StorageName = "exact"  # how the store keeps its states (part of the fingerprint)
 
 
 def check_model_dir(model_dir: Path) -> None:
@@ -62,13 +64,20 @@ class Target:
     """A loaded causal LM plus its tokenizer. Not thread-safe: one compute thread owns it."""
 
     def __init__(
-        self, model_dir: Path, *, device: str = "auto", dtype: str | None = None, device_map: str | None = None
+        self,
+        model_dir: Path,
+        *,
+        device: str = "auto",
+        dtype: str | None = None,
+        device_map: str | None = None,
+        storage: StorageName = "exact",
     ) -> None:
         """`device_map` ('auto' or a JSON map, as transformers takes it) spreads the layers over devices;
-        inputs then go where the embeddings are, and each captured layer is copied from its own device."""
+        inputs then go where the embeddings are, and each captured layer is copied from its own device.
+        `storage` is how the store will keep the states: part of the fingerprint."""
         torch_dtype = resolve_dtype(dtype, resolve_device("auto" if device_map is not None else device))
         check_model_dir(model_dir)
-        fingerprint = target_fingerprint(model_dir, dtype_name(torch_dtype))
+        fingerprint = target_fingerprint(model_dir, dtype_name(torch_dtype), storage)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if device_map is None:
             self.device = resolve_device(device)
@@ -89,6 +98,7 @@ class Target:
             vocab_size=int(cfg.vocab_size),
             max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 1 << 30)),
             dtype=torch_dtype,
+            storage=storage,
         )
         log.info(
             "target %s loaded on %s as %s (fingerprint %s)",

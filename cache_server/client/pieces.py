@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from cache_server.client.body_reader import Scratch
+from schemas.fp8 import dequantize
 from schemas.pieces import read_pieces_header
 from schemas.safetensors_frame import numpy_dtype
 
@@ -55,10 +56,16 @@ def decode_pieces(
     view = memoryview(body.data if isinstance(body, np.ndarray) else body).cast("B")
     header, data = read_pieces_header(view)
     rows, h, dtype = int(header["rows"]), int(header["hidden_size"]), numpy_dtype(header["dtype"])
-    shape = (rows, int(header["layers"]) * h)
+    layers = int(header["layers"])
+    shape = (rows, layers * h)
     hidden = np.empty(shape, dtype) if out is None else out
     check_out(hidden, shape, dtype)
-    row_bytes = h * dtype.itemsize
+    storage = header.get("storage", "exact")
+    if storage not in ("exact", "float8_e4m3fn"):
+        raise ValueError(f"pieces body of an unknown storage {storage!r}")
+    fp8 = storage == "float8_e4m3fn"
+    stored = np.empty((rows, layers * h), np.uint8) if fp8 else hidden  # FP8 bytes, dequantized below
+    row_bytes = h * stored.dtype.itemsize
 
     def one(piece: list[Any]) -> None:
         i, at, n, offset, nbytes, skip = (int(piece[k]) for k in (0, 1, 2, 4, 5, 6))
@@ -73,9 +80,16 @@ def decode_pieces(
             decoded = _decoded(size)
             blosc.decompress(src, decoded)
         rows_bytes = np.frombuffer(decoded, np.uint8, n * row_bytes, skip)
-        hidden[at : at + n, i * h : (i + 1) * h] = rows_bytes.view(dtype).reshape(n, h)
+        stored[at : at + n, i * h : (i + 1) * h] = rows_bytes.view(stored.dtype).reshape(n, h)
 
     list(_decode_pool().map(one, header["pieces"]))
     lo, n = header["token_ids"]
     token_ids = np.frombuffer(view[data + lo : data + lo + n], "<i8").astype(np.int64)
+    if fp8:
+        at, nbytes = (int(v) for v in header["scales"])
+        if nbytes != layers * rows * 4 or data + at + nbytes > len(view):
+            raise ValueError(f"scales of {nbytes} bytes at {at} do not fit [{layers}, {rows}] in the body")
+        scales = np.frombuffer(view[data + at : data + at + nbytes], "<f4").reshape(layers, rows)
+        for i in range(layers):
+            dequantize(stored[:, i * h : (i + 1) * h], scales[i], hidden[:, i * h : (i + 1) * h])
     return hidden, token_ids, header["__metadata__"]

@@ -133,6 +133,7 @@ class HiddenStateService:
             vocab_size=info.vocab_size,
             max_position_embeddings=info.max_position_embeddings,
             dtype=dtype_name(info.dtype),
+            storage=self.store.storage,
             capture_layers=self.capture_layers,
             generator=self.scheduler.responses.generator,
             chat_template_sha256=self.target.chat_template_sha256,

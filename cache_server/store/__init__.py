@@ -2,6 +2,7 @@
 (`hidden_store.py`, `publish.py`) in a local directory or an S3 bucket (`blobs.py`, `s3_blobs.py`),
 with durable local writes (`durable.py`), their manifest (`manifest.py`) and hierarchy
 (`hierarchy.py`), the codec and array objects (`chunks.py`), reads without zarr (`blosc_reader.py`,
-`reader.py`), decoded layers kept in RAM (`ram_cache.py`), orphans of interrupted writes
+`reader.py`), stored rows from RAM or the objects (`stored_rows.py`), decoded layers kept in RAM
+(`ram_cache.py`), an FP8 store's quantizer and scales (`fp8.py`), orphans of interrupted writes
 (`recovery.py`), and the codec ratio measured and the free space a store has (`usage.py`).
 """

@@ -28,20 +28,22 @@ from cache_server.store.manifest import (
     StoreInputError,
     check_name,
     first_manifest,
-    layer_id,
     parse_manifest,
     token_sha256,
     with_layers,
     without_layers,
 )
 from cache_server.store.ram_cache import RamCache
-from cache_server.store.reader import READ_ERRORS, EncodedPiece, LayerRead, LayerReader
+from cache_server.store.reader import READ_ERRORS, EncodedPiece, LayerReader
 from cache_server.store.recovery import sweep_orphans
+from cache_server.store.stored_rows import StoredRows
 from cache_server.torch_utils import dtype_name
 from schemas.dtypes import DTYPE_NAMES
+from schemas.fp8 import dequantize
 from schemas.layers import LAYER_CONVENTION
 from schemas.prompts import GeneratorInfo
 from schemas.safetensors_frame import numpy_dtype
+from schemas.storage import STORAGE_NAMES, StorageName
 
 
 class HiddenStore:
@@ -62,10 +64,14 @@ class HiddenStore:
         read_threads: int = 4,
         ram_cache: RamCache | None = None,
         orphan_grace_s: float = 900.0,
+        storage: StorageName = "exact",
     ) -> None:
+        """`storage`: `exact`, or `float8_e4m3fn` (`schemas/storage.py`; its fingerprint must differ)."""
         check_name(fingerprint, "fingerprint")
         if dtype_name(dtype) not in DTYPE_NAMES:
             raise StoreInputError(f"dtype {dtype} not supported ({', '.join(DTYPE_NAMES)})")
+        if storage not in STORAGE_NAMES:
+            raise StoreInputError(f"storage {storage!r} not supported ({', '.join(STORAGE_NAMES)})")
         if hidden_size < 1 or read_threads < 1:
             raise StoreInputError("hidden_size and read_threads must be >= 1")
         self.blobs = root if not isinstance(root, Path | str) else open_blobs(str(root))
@@ -73,10 +79,17 @@ class HiddenStore:
         self.model_name = model_name
         self.hidden_size = hidden_size
         self.dtype = dtype
+        self.storage = storage
         self._dtype_name = dtype_name(dtype)
-        self._storage_dtype = chunks.storage_dtype(self._dtype_name)
+        exact = storage == "exact"
+        self._storage_dtype = chunks.storage_dtype(self._dtype_name) if exact else np.dtype(np.uint8)
         self._prompts = f"{fingerprint}/prompts"
-        identity: dict[str, Any] = {"model_name": model_name, "dtype": self._dtype_name, "hidden_size": hidden_size}
+        identity: dict[str, Any] = {
+            "model_name": model_name,
+            "dtype": self._dtype_name,
+            "storage": storage,
+            "hidden_size": hidden_size,
+        }
         self._identity: dict[str, Any] = {
             **identity,
             "fingerprint": fingerprint,
@@ -88,10 +101,10 @@ class HiddenStore:
         self._manifests: dict[str, PromptManifest] = {}
         self._guard = threading.Lock()
         self._prompt_locks: dict[str, threading.Lock] = {}
-        self._ram = ram_cache
         self._reader = LayerReader(
             self.blobs, self._prompts, hidden_size=hidden_size, storage_dtype=self._storage_dtype, threads=read_threads
         )
+        self._rows = StoredRows(self._reader, ram_cache, fingerprint, hidden_size, self._storage_dtype)
         self._writers = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="hidden-store-write")
         self.blobs.delete(f"{fingerprint}/tmp")  # the staging area of stores written before: never written now
         self._closing = threading.Event()
@@ -134,7 +147,8 @@ class HiddenStore:
         text = hierarchy.manifest_text(self.blobs, f"{self._prompts}/{prompt_id}")
         if text is None:
             return None
-        loaded = parse_manifest(text, prompt_id, (self.fingerprint, self._dtype_name, self.hidden_size))
+        expected = (self.fingerprint, self._dtype_name, self.storage, self.hidden_size)
+        loaded = parse_manifest(text, prompt_id, expected)
         with self._guard:
             self._manifests[prompt_id] = loaded
         return loaded
@@ -164,11 +178,8 @@ class HiddenStore:
         manifest keeps the first write's `greedy_mismatches` and `generator`)."""
         check_name(prompt_id, "prompt id")
         ids = publish.check_tokens(token_ids, prompt_len)
-        shape, storage = (len(ids), self.hidden_size), self._storage_dtype
-        data = {layer_id(k): publish.layer_bytes(k, t, shape, self.dtype, storage) for k, t in layers.items()}
-        data = dict(sorted(data.items()))
-        if not data:
-            raise StoreInputError("write needs at least one layer")
+        shape = (len(ids), self.hidden_size)
+        data, scales = publish.stored_layers(layers, shape, self.dtype, self._storage_dtype)
         sha = token_sha256(ids)
         with self._prompt_lock(prompt_id):
             old = self.manifest(prompt_id, fresh=True)
@@ -181,11 +192,15 @@ class HiddenStore:
                 data = {k: v for k, v in data.items() if k not in old.layers}
                 if not data:
                     return old
+                scales = {k: scales[k] for k in data} if scales is not None else None
             base = f"{self._prompts}/{prompt_id}"
-            crc32 = publish.put_prompt(self.blobs, self._writers, base, data, ids if old is None else None)
+            ids_to_write = ids if old is None else None
+            crc32, scale_crc32 = publish.put_prompt(self.blobs, self._writers, base, data, ids_to_write, scales)
             if old is not None:
-                return self._publish(with_layers(old, crc32), new=False)
-            new = first_manifest(prompt_id, ids, prompt_len, crc32, greedy_mismatches, generator, **self._identity)
+                return self._publish(with_layers(old, crc32, scale_crc32), new=False)
+            new = first_manifest(
+                prompt_id, ids, prompt_len, crc32, scale_crc32, greedy_mismatches, generator, **self._identity
+            )
             return self._publish(new, new=True)
 
     def forget_layers(self, prompt_id: str, layers: Sequence[int]) -> None:
@@ -209,8 +224,8 @@ class HiddenStore:
         """Fill `out[:, i*H:(i+1)*H]` with rows start:stop of layer `layers[i]`, in request order.
 
         `out` is `[stop - start, len(layers) * H]` of `numpy_dtype`, typically a view into a
-        response buffer (`reader.py` fills it on a thread pool). With a RAM cache, layers found there
-        are copied, and the others are decoded whole and kept.
+        response buffer (`reader.py` fills it on a thread pool). An FP8 store's rows are dequantized
+        into it (`schemas.storage.dequantize`).
         """
         m, stop = self._checked(prompt_id, layers, start, stop)
         h = self.hidden_size
@@ -221,46 +236,27 @@ class HiddenStore:
             )
         if stop == start or not layers:
             return
-        raw, ram = out.view(self._storage_dtype), self._ram
-        reads: list[LayerRead] = []
-        decoded: list[tuple[int, np.ndarray, np.ndarray]] = []  # (layer, whole layer, its columns in out)
+        if self.storage == "exact":
+            self._rows.read(m, layers, out.view(self._storage_dtype), start, stop)
+            return
+        stored = np.empty(want, np.uint8)
+        self._rows.read(m, layers, stored, start, stop)
         for i, k in enumerate(layers):
-            columns = raw[:, i * h : (i + 1) * h]  # [stop - start, H]
-            if ram is None:
-                reads.append((k, columns, start, stop))
-                continue
-            cached = ram.get(self.fingerprint, prompt_id, k)
-            if cached is not None:
-                columns[...] = cached[start:stop]
-                continue
-            whole = np.empty((m.num_tokens, h), self._storage_dtype)  # decoded whole, to be kept
-            reads.append((k, whole, 0, m.num_tokens))
-            decoded.append((k, whole, columns))
-        self._reader.read(m, reads)
-        for k, whole, columns in decoded:
-            columns[...] = whole[start:stop]
-            ram.put(self.fingerprint, prompt_id, k, whole)  # type: ignore[union-attr]
+            columns = slice(i * h, (i + 1) * h)
+            dequantize(stored[:, columns], self._reader.scales(m, k)[start:stop], out[:, columns])
 
     def encoded(self, prompt_id: str, layers: Sequence[int], start: int, stop: int) -> list[list[EncodedPiece]]:
-        """Per layer (request order), rows start:stop as stored: Blosc chunks cut to the blocks the rows
-        need, or raw rows (RAM-cached, stored uncompressed, or of another layout: decoded here)."""
+        """Per layer (request order), rows start:stop as stored (`StoredRows.encoded`): an FP8 store's
+        bytes, to be dequantized with `scales`."""
         m, _ = self._checked(prompt_id, layers, start, stop)
-        cached = {k: self._ram.get(self.fingerprint, prompt_id, k) if self._ram is not None else None for k in layers}
-        on_disk = [k for k in layers if cached[k] is None]
-        stored = dict(zip(on_disk, self._reader.encoded(m, on_disk, start, stop), strict=True))
-        out = []
-        for k in layers:
-            pieces, rows = stored.get(k), cached[k]
-            if pieces is None:  # sent decoded: from RAM (no copy: cached arrays never change), or decoded here
-                if rows is None:
-                    part = np.empty((stop - start, self.hidden_size), self._storage_dtype)
-                    self._reader.read(m, [(k, part, start, stop)])
-                else:
-                    part = rows[start:stop]
-                raw = np.ascontiguousarray(part).reshape(-1).view(np.uint8)
-                pieces = [(0, stop - start, "raw", memoryview(raw.data), 0)]
-            out.append(pieces)
-        return out
+        return self._rows.encoded(m, layers, start, stop)
+
+    def scales(self, prompt_id: str, layers: Sequence[int], start: int, stop: int) -> np.ndarray:
+        """An FP8 store's scales of rows start:stop, float32 [len(layers), stop - start]."""
+        if self.storage == "exact":
+            raise StoreInputError("an exact store has no scales")
+        m, _ = self._checked(prompt_id, layers, start, stop)
+        return np.stack([self._reader.scales(m, k)[start:stop] for k in layers]) if layers else np.empty((0, 0))
 
     def _checked(
         self, prompt_id: str, layers: Sequence[int], start: int, stop: int | None

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from schemas.dtypes import DTypeName
 from schemas.layers import LAYER_CONVENTION, LayerConvention
 from schemas.prompts import GeneratorInfo
+from schemas.storage import StorageName
 
 
 class StoreError(Exception):
@@ -61,7 +62,8 @@ class PromptManifest(BaseModel):
     prompt_id: str
     model_fingerprint: str
     model_name: str
-    dtype: DTypeName
+    dtype: DTypeName  # the target's: what `/hidden` serves
+    storage: StorageName = "exact"  # how the layers are kept (`schemas/storage.py`)
     layer_convention: LayerConvention = LAYER_CONVENTION
     layers: tuple[int, ...]
     prompt_len: int
@@ -79,6 +81,7 @@ class PromptManifest(BaseModel):
     # check both, so a layer overwritten after publishing is an error, never served (None: a prompt
     # published before checksums).
     layer_crc32: dict[int, int] | None = None
+    scale_crc32: dict[int, int] | None = None  # an FP8 store's: the same for each layer's scales array
 
 
 def first_manifest(
@@ -86,21 +89,25 @@ def first_manifest(
     token_ids: np.ndarray,
     prompt_len: int,
     crc32: dict[int, int],
+    scale_crc32: dict[int, int] | None,
     greedy_mismatches: int | None,
     generator: GeneratorInfo | None,
     *,
     fingerprint: str,
     model_name: str,
     dtype: str,
+    storage: StorageName,
     hidden_size: int,
     codec: str,
 ) -> PromptManifest:
-    """The manifest of a prompt's first write: its layers (layer -> the crc32 of its zarr.json)."""
+    """The manifest of a prompt's first write: its layers (layer -> the crc32 of its zarr.json, and of
+    its scales' in an FP8 store)."""
     return PromptManifest(
         prompt_id=prompt_id,
         model_fingerprint=fingerprint,
         model_name=model_name,
         dtype=dtype,  # type: ignore[arg-type]  # the store checked it
+        storage=storage,
         layers=tuple(sorted(crc32)),
         prompt_len=prompt_len,
         num_tokens=len(token_ids),
@@ -111,19 +118,34 @@ def first_manifest(
         greedy_mismatches=greedy_mismatches,
         generator=generator,
         layer_crc32=dict(sorted(crc32.items())),
+        scale_crc32=dict(sorted(scale_crc32.items())) if scale_crc32 is not None else None,
     )
 
 
-def with_layers(m: PromptManifest, crc32: dict[int, int]) -> PromptManifest:
-    """`m` holding the layers of `crc32` too (layer -> the crc32 of its zarr.json)."""
-    merged = {**(m.layer_crc32 or {}), **crc32}
-    return m.model_copy(update={"layers": tuple(sorted({*crc32, *m.layers})), "layer_crc32": merged})
+def with_layers(m: PromptManifest, crc32: dict[int, int], scale_crc32: dict[int, int] | None) -> PromptManifest:
+    """`m` holding the layers of `crc32` too (layer -> the crc32 of its zarr.json, and of its scales')."""
+    update: dict[str, object] = {
+        "layers": tuple(sorted({*crc32, *m.layers})),
+        "layer_crc32": dict(sorted({**(m.layer_crc32 or {}), **crc32}.items())),
+    }
+    if scale_crc32 is not None:
+        update["scale_crc32"] = dict(sorted({**(m.scale_crc32 or {}), **scale_crc32}.items()))
+    return m.model_copy(update=update)
 
 
 def without_layers(m: PromptManifest, layers: Sequence[int]) -> PromptManifest:
     """`m` no longer holding `layers` (their files are left for a later write to replace)."""
-    crc32 = {k: v for k, v in m.layer_crc32.items() if k not in layers} if m.layer_crc32 is not None else None
-    return m.model_copy(update={"layers": tuple(k for k in m.layers if k not in layers), "layer_crc32": crc32})
+
+    def kept(crc32: dict[int, int] | None) -> dict[int, int] | None:
+        return {k: v for k, v in crc32.items() if k not in layers} if crc32 is not None else None
+
+    return m.model_copy(
+        update={
+            "layers": tuple(k for k in m.layers if k not in layers),
+            "layer_crc32": kept(m.layer_crc32),
+            "scale_crc32": kept(m.scale_crc32),
+        }
+    )
 
 
 def token_sha256(token_ids: np.ndarray) -> str:
@@ -147,16 +169,16 @@ def layer_id(layer: object) -> int:
     return int(layer)
 
 
-def parse_manifest(text: str, prompt_id: str, expected: tuple[str, str, int]) -> PromptManifest:
-    """A prompt's manifest, checked against the store reading it: (fingerprint, dtype, hidden size)."""
+def parse_manifest(text: str, prompt_id: str, expected: tuple[str, str, str, int]) -> PromptManifest:
+    """A prompt's manifest, checked against the store reading it: (fingerprint, dtype, storage, hidden size)."""
     try:
         m = PromptManifest.model_validate_json(text)
     except ValidationError as e:
         raise StoreCorrupt(f"prompt {prompt_id!r}: manifest unreadable: {e}") from e
-    fingerprint, dtype, hidden = expected
-    if (m.prompt_id, m.model_fingerprint, m.dtype, m.hidden_size) != (prompt_id, *expected):
+    fingerprint, dtype, storage, hidden = expected
+    if (m.prompt_id, m.model_fingerprint, m.dtype, m.storage, m.hidden_size) != (prompt_id, *expected):
         raise StoreCorrupt(
-            f"prompt {prompt_id!r}: manifest says {m.prompt_id}/{m.model_fingerprint}/{m.dtype}/"
-            f"H={m.hidden_size}, this store is {fingerprint}/{dtype}/H={hidden}"
+            f"prompt {prompt_id!r}: manifest says {m.prompt_id}/{m.model_fingerprint}/{m.dtype}/{m.storage}/"
+            f"H={m.hidden_size}, this store is {fingerprint}/{dtype}/{storage}/H={hidden}"
         )
     return m

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from cache_server.store import chunks
+from cache_server.store import chunks, fp8
 from cache_server.store.blobs import Blobs
-from cache_server.store.manifest import StoreInputError
+from cache_server.store.manifest import StoreInputError, layer_id
 from cache_server.torch_utils import as_numpy
 
 
@@ -28,17 +28,25 @@ def check_tokens(token_ids: np.ndarray, prompt_len: int) -> np.ndarray:
     return np.ascontiguousarray(ids, dtype="<i8")
 
 
-def layer_bytes(
-    layer: int, t: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype, storage: np.dtype[Any]
-) -> np.ndarray:
-    """A layer to store as its exact bytes in the storage dtype; StoreInputError unless it is a CPU
-    tensor of `dtype` and `shape`."""
-    if t.dtype != dtype or t.device.type != "cpu" or tuple(t.shape) != shape:
-        raise StoreInputError(
-            f"layer {layer}: expected a CPU {dtype} tensor of shape {list(shape)}, "
-            f"got {t.device.type} {t.dtype} {list(t.shape)}"
-        )
-    return as_numpy(t).view(storage)
+def stored_layers(
+    layers: Mapping[int, torch.Tensor], shape: tuple[int, int], dtype: torch.dtype, storage: np.dtype[Any]
+) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray] | None]:
+    """The layers to write, by id in order, as stored: their exact bytes in the storage dtype, or (a
+    uint8 storage: an FP8 store) their FP8 bytes and per-token scales. StoreInputError unless each is
+    a CPU tensor of `dtype` and `shape`, under an int id >= 0."""
+    checked = {layer_id(k): t for k, t in layers.items()}
+    if not checked:
+        raise StoreInputError("write needs at least one layer")
+    for k, t in checked.items():
+        if t.dtype != dtype or t.device.type != "cpu" or tuple(t.shape) != shape:
+            raise StoreInputError(
+                f"layer {k}: expected a CPU {dtype} tensor of shape {list(shape)}, "
+                f"got {t.device.type} {t.dtype} {list(t.shape)}"
+            )
+    if storage != np.uint8:
+        return {k: as_numpy(checked[k]).view(storage) for k in sorted(checked)}, None
+    quantized = {k: fp8.quantize(k, checked[k]) for k in sorted(checked)}
+    return {k: q for k, (q, _) in quantized.items()}, {k: s for k, (_, s) in quantized.items()}
 
 
 def write_array(blobs: Blobs, key: str, data: np.ndarray, *, compress: bool) -> int:
@@ -52,18 +60,25 @@ def write_array(blobs: Blobs, key: str, data: np.ndarray, *, compress: bool) -> 
 
 
 def put_prompt(
-    blobs: Blobs, pool: Executor, prompt: str, layers: Mapping[int, np.ndarray], token_ids: np.ndarray | None
-) -> dict[int, int]:
-    """Write a prompt's new layer arrays on `pool`, and for a new prompt (`token_ids` given) its token
-    ids; returns the crc32 of each layer's zarr.json. Nothing else under `prompt` is touched: its
-    manifest, if another writer published one meanwhile, stands."""
-    keys = {k: f"{prompt}/layers/{k}" for k in layers}
-    tokens_key = f"{prompt}/token_ids"
-    targets = [*keys.values(), tokens_key] if token_ids is not None else list(keys.values())
-    # One listing finds what interrupted writes left under the arrays about to be written.
-    for key in {key for o in blobs.objects(prompt) for key in targets if o.key.startswith(f"{key}/")}:
-        blobs.delete(key)
-    puts = {k: pool.submit(write_array, blobs, keys[k], a, compress=True) for k, a in layers.items()}
+    blobs: Blobs,
+    pool: Executor,
+    prompt: str,
+    layers: Mapping[int, np.ndarray],
+    token_ids: np.ndarray | None,
+    scales: Mapping[int, np.ndarray] | None = None,
+) -> tuple[dict[int, int], dict[int, int] | None]:
+    """Write a prompt's new layer arrays on `pool` (and an FP8 store's scales arrays beside them,
+    uncompressed), and for a new prompt (`token_ids` given) its token ids; returns the crc32 of each
+    layer's zarr.json, and of each scales array's. Nothing else under `prompt` is touched: its manifest,
+    if another writer published one meanwhile, stands."""
+    arrays = {f"layers/{k}": (a, True) for k, a in layers.items()}
+    arrays |= {f"scales/{k}": (a, False) for k, a in (scales or {}).items()}
     if token_ids is not None:
-        write_array(blobs, tokens_key, token_ids, compress=False)
-    return {k: f.result() for k, f in puts.items()}
+        arrays["token_ids"] = (token_ids, False)
+    # One listing finds what interrupted writes left under the arrays about to be written.
+    for key in {key for o in blobs.objects(prompt) for key in arrays if o.key.startswith(f"{prompt}/{key}/")}:
+        blobs.delete(f"{prompt}/{key}")
+    puts = {key: pool.submit(write_array, blobs, f"{prompt}/{key}", a, compress=c) for key, (a, c) in arrays.items()}
+    crc32 = {key: f.result() for key, f in puts.items()}
+    scale_crc32 = {k: crc32[f"scales/{k}"] for k in scales} if scales is not None else None
+    return {k: crc32[f"layers/{k}"] for k in layers}, scale_crc32

@@ -20,7 +20,7 @@ import numpy as np
 import zarr
 from zarr.core.metadata import ArrayV3Metadata
 
-from cache_server.store import blosc_reader, chunks
+from cache_server.store import blosc_reader, chunks, fp8
 from cache_server.store.blobs import Blobs
 from cache_server.store.manifest import PromptManifest, StoreCorrupt
 
@@ -48,6 +48,7 @@ class LayerReader:
         self._storage_dtype = storage_dtype
         self._arrays: OrderedDict[tuple[str, int], _Layer] = OrderedDict()
         self._token_ids: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._scales: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()  # an FP8 store's
         self._guard = threading.Lock()
         self._chunk_reader = blosc_reader.ChunkReader()  # per-thread buffers: used only from self._pool
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hidden-store")
@@ -77,6 +78,24 @@ class LayerReader:
             if len(self._token_ids) > _TOKEN_IDS_KEPT:
                 self._token_ids.popitem(last=False)
         return ids
+
+    def scales(self, m: PromptManifest, layer: int) -> np.ndarray:
+        """An FP8 layer's per-token scales (float32 [T], read-only), kept once read and checked."""
+        key = (m.prompt_id, layer)
+        with self._guard:
+            kept = self._scales.get(key)
+        if kept is not None:
+            return kept
+        try:
+            crc32 = (m.scale_crc32 or {})[layer]
+            found = fp8.read_scales(self._blobs, f"{self._prompts}/{m.prompt_id}/scales/{layer}", crc32, m.num_tokens)
+        except READ_ERRORS as e:
+            raise StoreCorrupt(f"prompt {m.prompt_id!r} layer {layer} scales: {e}", [layer]) from e
+        with self._guard:
+            self._scales[key] = found
+            if len(self._scales) > _OPEN_ARRAYS:
+                self._scales.popitem(last=False)
+        return found
 
     def read(self, m: PromptManifest, wanted: Sequence[LayerRead]) -> None:
         """Fill each read's `out` (storage dtype, [stop - start, H], a strided view is fine) with rows
@@ -122,6 +141,7 @@ class LayerReader:
         with self._guard:
             for k in layers:
                 self._arrays.pop((prompt_id, k), None)
+                self._scales.pop((prompt_id, k), None)
 
     def _layer_key(self, prompt_id: str, layer: int) -> str:
         return f"{self._prompts}/{prompt_id}/layers/{layer}"

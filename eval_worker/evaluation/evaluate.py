@@ -30,6 +30,7 @@ from eval_worker.families import FAMILIES
 from eval_worker.scoring.summary import by_set, round_taus, summarize_set
 from schemas.model import ModelInfo
 from schemas.report import EvalCost, EvalReport, EvalSeconds, EvalSummary, PromptEval
+from schemas.storage import describe_storage
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +234,7 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
         epoch=checkpoint.epoch,
         target_name=info.name,
         target_fingerprint=info.fingerprint,
+        feature_storage=describe_storage(info.storage),
         target_layer_ids=list(ids.ids),
         layer_ids_source=ids.source,
         checkpoint_layer_ids=list(ids.checkpoint_ids) if ids.checkpoint_ids is not None else None,

@@ -17,6 +17,7 @@ from eval_worker.parity.compare import compare_prompt, tau
 from eval_worker.parity.engine import EngineNotFit, SpecCounters, VllmEngine
 from eval_worker.settings import EvaluateSettings
 from schemas.parity import ParityReport, PromptParity
+from schemas.storage import describe_storage
 
 
 def run_parity(
@@ -74,6 +75,7 @@ def run_parity(
         engine_model=engine.model,
         engine_version=engine.version,
         target_fingerprint=info.fingerprint,
+        feature_storage=describe_storage(info.storage),
         prompts=results,
         agreeing=sum(r.agrees for r in results),
         live_tau=tau(live_drafts, live_accepted),

@@ -44,6 +44,11 @@ def compare_table(reports: Sequence[EvalReport]) -> str:
     targets = {r.target_fingerprint for r in reports}
     if len(targets) > 1:
         lines.append(f"warning: these reports come from {len(targets)} different targets: {sorted(targets)}")
+    storages = {r.feature_storage for r in reports}
+    if len(storages) > 1:
+        lines.append(
+            f"warning: these reports read features stored as {sorted(storages)}: a lossy store's tau is not exact"
+        )
     return "\n".join(lines)
 
 

@@ -37,7 +37,7 @@ def format_report(report: EvalReport) -> str:
     step = "-" if report.step is None else str(report.step)
     lines = [
         f"checkpoint  {report.checkpoint_path} ({report.format}, step {step})",
-        f"target      {report.target_name} ({report.target_fingerprint})",
+        f"target      {report.target_name} ({report.target_fingerprint}), features stored {report.feature_storage}",
         f"drafter     {_drafter(report)}",
         f"layers      {_layers(report)}",
         "",
