@@ -2,7 +2,9 @@
 
 Run from the repository root: `.venv/bin/python -m bench.codec_choice [--tokens 2048] [--hidden 2048]`.
 The numbers feed the codec choice in `cache_server/store/chunks.py`. Codecs run single-threaded, as zarr runs
-them (zarr sets `numcodecs.blosc.use_threads = False` and parallelises over chunks instead).
+them (zarr sets `numcodecs.blosc.use_threads = False` and parallelises over chunks instead). The last line is
+the same layer in an FP8 store (`--store-dtype float8_e4m3fn`): FP8 bytes and a float32 scale per token under
+the chosen codec, its ratio the plan's documented FP8 figure (`schemas/plan.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 
 from bench.activations import activation_like
+from cache_server.store.fp8 import quantize
 from cache_server.torch_utils import as_numpy
 
 
@@ -86,6 +89,13 @@ def main() -> None:
     for name, codec in candidates():
         r = measure(name, codec, raw, args.repeats)
         print(f"{r.name:<40} {r.ratio:>6.3f} {r.encode_gbps:>9.2f} {r.decode_gbps:>9.2f}")
+    fp8, scales = quantize(0, activation_like(args.tokens, args.hidden, torch.bfloat16, seed=0))
+    r = measure("fp8 e4m3 (+ scales), chosen codec", candidates()[0][1], fp8, args.repeats)
+    stored = fp8.nbytes / r.ratio + scales.nbytes  # scales are stored uncompressed
+    print(
+        f"{r.name:<40} {(fp8.nbytes + scales.nbytes) / stored:>6.3f} {r.encode_gbps:>9.2f} {r.decode_gbps:>9.2f}"
+        f"   {stored / args.tokens:.0f} B per token stored, {raw.nbytes / stored:.2f}x fewer than bf16 raw"
+    )
 
 
 if __name__ == "__main__":

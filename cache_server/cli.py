@@ -74,6 +74,7 @@ def _plan(settings: PlanSettings) -> int:
         num_layers=layers,
         hidden_size=hidden,
         dtype=settings.dtype,
+        storage=settings.store_dtype,
         capture_layers=capture_layer_ids(settings.capture_layers, layers),
         prompts=settings.prompts,
         tokens=settings.prompts * settings.tokens,

@@ -35,7 +35,8 @@ class PlanSettings(BaseSettings):
     prompts: int = Field(ge=1, description="prompts to capture")
     tokens: int = Field(ge=1, description="tokens per prompt, prompt and response together")
     capture_layers: str = Field(default="all", description="'all' or the comma-separated layers to store")
-    dtype: DTypeName = Field(default="bfloat16", description="the dtype stored (a server on GPU stores bf16)")
+    dtype: DTypeName = Field(default="bfloat16", description="the target's dtype (a server on GPU runs bf16)")
+    store_dtype: StorageName = Field(default="exact", description="'exact', or 'float8_e4m3fn' (per-token scales)")
     store: Path | None = Field(default=None, description="a local store directory, for its free space")
 
 
@@ -64,6 +65,11 @@ class ServeSettings(BaseSettings):
     )
     capture_lease_s: float = Field(
         default=30.0, gt=0, description="a capture held by a server that stops renewing it is taken over after this"
+    )
+    stored_bytes_refresh_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="/metrics' stored bytes per namespace and layer are rescanned at most this often",
     )
     orphan_grace_s: float = Field(
         default=900.0, ge=0, description="unpublished store objects older than this are removed on start"

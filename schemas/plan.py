@@ -9,11 +9,14 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.dtypes import DTYPE_BYTES, DTypeName
+from schemas.storage import StorageName, bytes_per_token
 
-# Blosc zstd-1 with byte shuffle on bf16 activations (bench/codec_choice.py): used until the store
-# holds prompts of its own target to measure.
-DOCUMENTED_RATIO = 1.45
-DOCUMENTED_SOURCE = "documented (bench/codec_choice.py: Blosc zstd-1, byte shuffle, bf16 activations)"
+# Blosc zstd-1 with byte shuffle on bf16 activations, and on the same activations as FP8 + scales
+# (bench/codec_choice.py): used until the store holds prompts of its own target to measure.
+DOCUMENTED_RATIOS: dict[StorageName, tuple[float, str]] = {
+    "exact": (1.45, "documented (bench/codec_choice.py: Blosc zstd-1, byte shuffle, bf16 activations)"),
+    "float8_e4m3fn": (1.16, "documented (bench/codec_choice.py: Blosc zstd-1 on FP8 activations and scales)"),
+}
 
 
 class StoragePlan(BaseModel):
@@ -25,10 +28,13 @@ class StoragePlan(BaseModel):
     num_layers: int
     hidden_size: int
     dtype: DTypeName
+    storage: StorageName = "exact"
     capture_layers: list[int]
     prompts: int
     tokens: int = Field(description="tokens in all, prompt and response, over every prompt")
-    bytes_per_token_per_layer: int = Field(description="uncompressed: hidden_size x the dtype's bytes")
+    bytes_per_token_per_layer: int = Field(
+        description="uncompressed: hidden_size x the dtype's bytes (FP8: hidden_size + a 4-byte scale)"
+    )
     codec_ratio: float = Field(description="uncompressed bytes per stored byte")
     codec_ratio_source: str
     all_layers_bytes: int
@@ -46,23 +52,28 @@ class StoragePlan(BaseModel):
         capture_layers: list[int],
         prompts: int,
         tokens: int,
-        codec_ratio: float = DOCUMENTED_RATIO,
-        codec_ratio_source: str = DOCUMENTED_SOURCE,
+        storage: StorageName = "exact",
+        codec_ratio: float | None = None,
+        codec_ratio_source: str | None = None,
         free_bytes: int | None = None,
     ) -> StoragePlan:
-        """The plan of `tokens` tokens over `prompts` prompts."""
-        per_layer = hidden_size * DTYPE_BYTES[dtype]
+        """The plan of `tokens` tokens over `prompts` prompts (codec ratio: the storage's documented one
+        unless given)."""
+        if codec_ratio is None:
+            codec_ratio, codec_ratio_source = DOCUMENTED_RATIOS[storage]
+        per_layer = bytes_per_token(storage, hidden_size, DTYPE_BYTES[dtype])
         return cls(
             target=target,
             num_layers=num_layers,
             hidden_size=hidden_size,
             dtype=dtype,
+            storage=storage,
             capture_layers=capture_layers,
             prompts=prompts,
             tokens=tokens,
             bytes_per_token_per_layer=per_layer,
             codec_ratio=codec_ratio,
-            codec_ratio_source=codec_ratio_source,
+            codec_ratio_source=codec_ratio_source or "given",
             all_layers_bytes=math.ceil(tokens * per_layer * num_layers / codec_ratio),
             capture_layers_bytes=math.ceil(tokens * per_layer * len(capture_layers) / codec_ratio),
             free_bytes=free_bytes,
@@ -70,7 +81,8 @@ class StoragePlan(BaseModel):
 
     def for_load(self, prompts: int, tokens: int) -> StoragePlan:
         """The same target, codec ratio and free space for another number of prompts and tokens."""
-        fixed = {"target", "num_layers", "hidden_size", "dtype", "capture_layers", "codec_ratio", "codec_ratio_source"}
+        fixed = {"target", "num_layers", "hidden_size", "dtype", "storage", "capture_layers"}
+        fixed |= {"codec_ratio", "codec_ratio_source"}
         return StoragePlan.project(
             **self.model_dump(include=fixed), prompts=prompts, tokens=tokens, free_bytes=self.free_bytes
         )
@@ -88,7 +100,8 @@ class StoragePlan(BaseModel):
         )
         verdict = {None: "", True: " (fits)", False: " (does NOT fit)"}[self.fits]
         return [
-            f"target             {self.target}: {self.num_layers} layers x hidden {self.hidden_size}, {self.dtype}",
+            f"target             {self.target}: {self.num_layers} layers x hidden {self.hidden_size}, {self.dtype}"
+            + ("" if self.storage == "exact" else f", stored as {self.storage} + per-token scales"),
             f"per token          {_size(self.bytes_per_token_per_layer)} per layer, {_size(per_token)} for all layers",
             f"codec ratio        {self.codec_ratio:.2f}x, {self.codec_ratio_source}",
             f"prompts            {self.prompts}, {self.tokens} tokens in all",

@@ -12,11 +12,14 @@ from typing import Literal, get_args
 
 StorageName = Literal["exact", "float8_e4m3fn"]
 STORAGE_NAMES: tuple[StorageName, ...] = get_args(StorageName)
-# Bytes one stored element takes, and one token's scale per layer (None: exact, the target dtype's width).
-STORED_ELEMENT_BYTES: dict[StorageName, int | None] = {"exact": None, "float8_e4m3fn": 1}
-SCALE_BYTES: dict[StorageName, int] = {"exact": 0, "float8_e4m3fn": 4}
 
 
 def describe_storage(name: StorageName) -> str:
     """What a body's and a report's `storage` says: `exact`, or `float8_e4m3fn per-token scale`."""
     return "exact" if name == "exact" else f"{name} per-token scale"
+
+
+def bytes_per_token(name: StorageName, hidden_size: int, dtype_bytes: int) -> int:
+    """Uncompressed bytes one token of one layer takes: H elements of the target dtype, or H FP8 bytes
+    and a float32 scale."""
+    return hidden_size * dtype_bytes if name == "exact" else hidden_size + 4

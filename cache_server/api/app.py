@@ -23,6 +23,7 @@ from cache_server.jobs.queue import JobStore
 from cache_server.settings import ServeSettings
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.ram_cache import RamCache
+from cache_server.store.usage import StoredBytesScan
 
 DESCRIPTION = (
     "Runs a target LLM once per prompt, stores every decoder layer's output, and serves any layer set "
@@ -66,6 +67,7 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
         orphan_grace_s=settings.orphan_grace_s,
         storage=target.info.storage,
     )
+    metrics.watch_stored_bytes(StoredBytesScan(store.blobs, settings.stored_bytes_refresh_s))
     return HiddenStateService(
         target,
         store,

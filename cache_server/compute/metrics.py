@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cache_server.store.ram_cache import RamCache
+from cache_server.store.usage import StoredBytesScan
 
 
 class Metrics:
@@ -49,6 +50,10 @@ class Metrics:
         """`cache_server_instance_info{instance="..."} 1`: which of the servers on a store this is."""
         Info("cache_server_instance", "The server instance.", registry=self.registry).info({"instance": instance})
 
+    def watch_stored_bytes(self, scan: StoredBytesScan) -> None:
+        """Report the store's bytes per namespace and layer (its last background scan) with every scrape."""
+        self.registry.register(_StoredBytesCollector(scan))
+
     def watch_pending(self, count: Callable[[], int]) -> None:
         """Report the prompts still waiting for the target with every scrape."""
         self.registry.register(_PendingCollector(count))
@@ -83,3 +88,19 @@ class _PendingCollector(Collector):
             "Registered prompts not computed yet (neither ready nor failed).",
             value=self.count(),
         )
+
+
+class _StoredBytesCollector(Collector):
+    def __init__(self, scan: StoredBytesScan) -> None:
+        self.scan = scan
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "cache_server_stored_bytes",
+            "Bytes stored per store namespace (a target's fingerprint) and layer ('none': token ids and "
+            "manifests), as of the last background scan (--stored-bytes-refresh-s).",
+            labels=["namespace", "layer"],
+        )
+        for (namespace, layer), n in sorted((self.scan.latest() or {}).items()):
+            family.add_metric([namespace, layer], n)
+        yield family

@@ -163,6 +163,7 @@ class HiddenStateService:
             num_layers=info.num_layers,
             hidden_size=info.hidden_size,
             dtype=cast(DTypeName, dtype_name(info.dtype)),  # the store refuses any other
+            storage=self.store.storage,
             capture_layers=self.capture_layers,
             prompts=prompts,
             tokens=tokens,

@@ -116,7 +116,7 @@ class S3Blobs:
         import obstore
 
         with _s3_errors(prefix):
-            found = obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
+            found = obstore.list_with_delimiter(self._store, _dir(prefix))
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found["common_prefixes"])
 
     def exists(self, key: str) -> bool:
@@ -136,11 +136,9 @@ class S3Blobs:
 
         with _s3_errors(prefix):
             if recursive:
-                found: Sequence[Any] = [
-                    o for batch in obstore.list(self._store, prefix.rstrip("/") + "/") for o in batch
-                ]
+                found: Sequence[Any] = [o for batch in obstore.list(self._store, _dir(prefix)) for o in batch]
             else:
-                found = obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/")["objects"]
+                found = obstore.list_with_delimiter(self._store, _dir(prefix))["objects"]
         for o in found:
             yield ObjectInfo(o["path"], int(o["size"]), o["last_modified"])
 
@@ -150,3 +148,8 @@ class S3Blobs:
         from zarr.storage import ObjectStore
 
         return ObjectStore(from_url(f"{self.location}/{prefix}"), read_only=read_only)
+
+
+def _dir(prefix: str) -> str | None:
+    """A listing's prefix for the "directory" `prefix` (None: the whole store)."""
+    return prefix.rstrip("/") + "/" if prefix.strip("/") else None

@@ -28,14 +28,23 @@ def _prompts(n: int, length: int, offset: int) -> list[dict[str, list[int]]]:
 
 
 def _stored_layer_bytes(store: Path, prompt_ids: list[str]) -> int:
+    """Every byte of the prompts' layers (and an FP8 store's scales): not their token ids or manifests."""
+    arrays = ("layers", "scales")
     return sum(
-        f.stat().st_size for pid in prompt_ids for f in store.rglob(f"prompts/{pid}/layers/*/**/*") if f.is_file()
+        f.stat().st_size
+        for pid in prompt_ids
+        for kind in arrays
+        for f in store.rglob(f"prompts/{pid}/{kind}/*/**/*")
+        if f.is_file()
     )
 
 
-def test_the_plan_is_within_ten_percent_of_what_the_capture_then_writes(tiny_target: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("store_dtype", "per_token"), [("exact", 64 * 4), ("float8_e4m3fn", 64 + 4)])
+def test_the_plan_is_within_ten_percent_of_what_the_capture_then_writes(
+    tiny_target: Path, tmp_path: Path, store_dtype: str, per_token: int
+) -> None:
     store = tmp_path / "store"
-    with app_client(tiny_target, store) as client:
+    with app_client(tiny_target, store, store_dtype=store_dtype) as client:
         empty = client.get("/plan", params={"prompts": 10, "tokens": 200}).json()
         assert empty["codec_ratio_source"].startswith("documented")
         register_ready(client, _prompts(4, 200, offset=0))  # the target's own activations, to measure on
@@ -43,7 +52,8 @@ def test_the_plan_is_within_ten_percent_of_what_the_capture_then_writes(tiny_tar
         assert plan["codec_ratio_source"] == "measured on 4 stored prompts of this target"
         ids = register_ready(client, _prompts(10, 200, offset=1000))
     written = _stored_layer_bytes(store, ids)
-    assert plan["bytes_per_token_per_layer"] == 64 * 4  # H=64, float32 on CPU
+    assert plan["bytes_per_token_per_layer"] == per_token  # H=64, float32 on CPU; FP8: a byte each and a scale
+    assert plan["storage"] == store_dtype
     assert plan["tokens"] == 10 * 200 and plan["capture_layers"] == list(range(6))
     assert abs(plan["capture_layers_bytes"] - written) <= 0.1 * written, (plan["capture_layers_bytes"], written)
     print(f"projected {plan['capture_layers_bytes']} bytes, written {written} (ratio {plan['codec_ratio']:.3f})")
@@ -60,6 +70,12 @@ def test_the_offline_plan_reads_the_config_alone(tiny_target: Path, capsys: pyte
     assert lines["all layers"].endswith(f"({math.ceil(1000 * 2500 * per_token * layers / 1.45)} bytes)")
     assert lines["capture layers"].endswith(f"({math.ceil(1000 * 2500 * per_token * 2 / 1.45)} bytes, 2 layers)")
     assert lines["free space"].startswith("not known")
+
+    assert main([*argv, "--store-dtype", "float8_e4m3fn"]) == 0
+    lines = {line[:19].strip(): line[19:] for line in capsys.readouterr().out.splitlines()}
+    assert lines["target"].endswith("stored as float8_e4m3fn + per-token scales")
+    assert lines["per token"].startswith(f"{hidden + 4} B per layer")
+    assert lines["all layers"].endswith(f"({math.ceil(1000 * 2500 * (hidden + 4) * layers / 1.16)} bytes)")
 
 
 @pytest.fixture
