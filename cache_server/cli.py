@@ -1,4 +1,5 @@
-"""`cache-server tiny-model DIR ...`, `cache-server plan ...` and `cache-server serve ...`. The options
+"""`cache-server tiny-model DIR ...`, `cache-server plan ...`, `cache-server prune ...` and
+`cache-server serve ...`. The options
 are generated from the settings models (`settings.py`), so each one is also an environment variable."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliSettingsSource
 
-from cache_server.settings import PlanSettings, ServeSettings, TinyModelSettings
+from cache_server.settings import PlanSettings, PruneSettings, ServeSettings, TinyModelSettings
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -36,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     tiny.set_defaults(build_settings=_settings_from(tiny, TinyModelSettings))
     plan = sub.add_parser("plan", help="what a capture would store, before it starts (no server needed)")
     plan.set_defaults(build_settings=_settings_from(plan, PlanSettings))
+    prune = sub.add_parser("prune", help="drop stored layers outside a set (beside running servers)")
+    prune.set_defaults(build_settings=_settings_from(prune, PruneSettings))
     serve = sub.add_parser("serve", help="serve hidden states over HTTP")
     serve.set_defaults(build_settings=_settings_from(serve, ServeSettings))
     return p
@@ -50,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _tiny_model(args.dir, settings)
         if isinstance(settings, PlanSettings):
             return _plan(settings)
+        if isinstance(settings, PruneSettings):
+            return _prune(settings)
         _check_startable(settings)
     except (ValidationError, ValueError, FileNotFoundError) as e:
         print(f"cache-server: {e}", file=sys.stderr)
@@ -81,6 +86,39 @@ def _plan(settings: PlanSettings) -> int:
         free_bytes=local_free_bytes(settings.store) if settings.store is not None else None,
     )
     print("\n".join(plan.lines()))
+    return 0
+
+
+def _prune(settings: PruneSettings) -> int:
+    from cache_server.compute.instances import default_db_location
+    from cache_server.compute.sets import SetRegistry
+    from cache_server.coordination.database import Database
+    from cache_server.store.blobs import open_blobs
+    from cache_server.store.manifest import StoreError
+    from cache_server.store.prune import open_namespace, prune
+    from schemas.layers import parse_layer_list
+
+    if settings.prompts is not None and settings.set is not None:
+        raise ValueError("--prompts and --set choose the prompts two ways: give one")
+    keep = parse_layer_list(settings.keep_layers, "--keep-layers")
+    if not keep:
+        raise ValueError("--keep-layers must name at least one layer")
+    try:
+        store = open_namespace(open_blobs(settings.store), settings.namespace)
+    except StoreError as e:
+        raise ValueError(str(e)) from e
+    with store:
+        ids = [p for p in settings.prompts.split(",") if p] if settings.prompts is not None else None
+        if settings.set is not None:
+            db = Database(settings.db or default_db_location(store))
+            try:
+                ids = SetRegistry(db, store.namespace).members(settings.set)
+            finally:
+                db.close()
+            if ids is None:
+                raise ValueError(f"no set named {settings.set!r} in namespace {store.namespace}")
+        result = prune(store, keep, ids, grace_s=settings.grace_s)
+    print("\n".join(result.lines()))
     return 0
 
 

@@ -40,6 +40,26 @@ class PlanSettings(BaseSettings):
     store: Path | None = Field(default=None, description="a local store directory, for its free space")
 
 
+class PruneSettings(BaseSettings):
+    """`cache-server prune`: drop stored layers outside a set, beside running servers (no target loaded)."""
+
+    model_config = SettingsConfigDict(env_prefix="CACHE_SERVER_PRUNE_", extra="ignore", **_CLI)  # type: ignore[typeddict-item]
+    store: str = Field(description="the store: a directory or s3://bucket/prefix")
+    keep_layers: str = Field(description="the comma-separated layers to keep (GET /layers/usage: what jobs read)")
+    namespace: str | None = Field(default=None, description="the target fingerprint to prune (default: the only one)")
+    prompts: str | None = Field(default=None, description="comma-separated prompt ids (default: every stored prompt)")
+    set: str | None = Field(default=None, description="prune only the prompts of this set (needs the database)")
+    db: str | None = Field(
+        default=None, description="the coordination database (default: jobs.sqlite in a local store)"
+    )
+    grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="dropped layers' files are deleted this long after their manifests no longer "
+        "list them, so that reads begun before finish",
+    )
+
+
 class ServeSettings(BaseSettings):
     """`cache-server serve`: the target, the store, the HTTP address and the compute budget."""
 

@@ -73,7 +73,7 @@ def blosc_chunks(md: ArrayV3Metadata, blobs: Blobs, array: str) -> BloscChunks |
         and not md.storage_transformers
         and dtype.kind in "uif"
         and dtype.str[0] in "<|"  # little-endian in memory, as the bytes codec writes it to disk
-        and md.codecs == (BytesCodec(endian="little"), layer_compressor(dtype.itemsize))
+        and md.codecs == (_bytes_codec(dtype.itemsize), layer_compressor(dtype.itemsize))
     ):
         return None
     crc32 = md.attributes.get(CRC_ATTRIBUTE)
@@ -81,6 +81,11 @@ def blosc_chunks(md: ArrayV3Metadata, blobs: Blobs, array: str) -> BloscChunks |
     if crc32 is not None and (not isinstance(crc32, list) or len(crc32) != nchunks):
         raise ValueError(f"{array}: {CRC_ATTRIBUTE} has {crc32!r}, the array has {nchunks} chunks")
     return BloscChunks(blobs, array, grid.chunk_shape[0], md.shape[1], dtype, None if crc32 is None else tuple(crc32))
+
+
+def _bytes_codec(itemsize: int) -> BytesCodec:
+    """The bytes codec zarr writes: little-endian, or no endianness for one-byte elements (FP8 bytes)."""
+    return BytesCodec(endian="little" if itemsize > 1 else None)
 
 
 # Blosc 1 header: version, versionlz, flags, typesize (1 byte each), then uint32 LE nbytes, blocksize, cbytes.

@@ -104,12 +104,18 @@ def read_rows(arr: zarr.Array[Any], exists: Callable[[str], bool], start: int, s
     array, but slower than `ChunkReader` on the ones `blosc_chunks` accepts. `exists(key)` says whether
     a chunk key (relative to the array) is stored.
 
-    Raises FileNotFoundError for an absent chunk, which zarr would silently read as zeros.
+    Raises FileNotFoundError for an absent chunk, which zarr would silently read as zeros: before the
+    read, and after it for one deleted (pruned) while zarr read it.
     """
+    _check_chunks(arr, exists, start, stop)
+    # zarr decodes each chunk into its own buffer and copies it once into `out`.
+    arr.get_basic_selection((slice(start, stop), slice(None)), out=NDBuffer(out))  # type: ignore[arg-type]
+    _check_chunks(arr, exists, start, stop)
+
+
+def _check_chunks(arr: zarr.Array[Any], exists: Callable[[str], bool], start: int, stop: int) -> None:
     rows, cols = arr.shards or arr.chunks  # the shape of one stored object
     for c in range(start // rows, (stop - 1) // rows + 1):
         for j in range(-(-arr.shape[1] // cols)):
             if not exists(arr.metadata.encode_chunk_key((c, j))):
                 raise FileNotFoundError(f"chunk {c} is missing")
-    # zarr decodes each chunk into its own buffer and copies it once into `out`.
-    arr.get_basic_selection((slice(start, stop), slice(None)), out=NDBuffer(out))  # type: ignore[arg-type]

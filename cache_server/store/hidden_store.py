@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -39,7 +40,6 @@ from cache_server.store.recovery import sweep_orphans
 from cache_server.store.stored_rows import StoredRows
 from cache_server.torch_utils import dtype_name
 from schemas.dtypes import DTYPE_NAMES
-from schemas.fp8 import dequantize
 from schemas.layers import LAYER_CONVENTION
 from schemas.prompts import GeneratorInfo
 from schemas.safetensors_frame import numpy_dtype
@@ -104,7 +104,8 @@ class HiddenStore:
         self._reader = LayerReader(
             self.blobs, self._prompts, hidden_size=hidden_size, storage_dtype=self._storage_dtype, threads=read_threads
         )
-        self._rows = StoredRows(self._reader, ram_cache, fingerprint, hidden_size, self._storage_dtype)
+        fresh = partial(self.manifest, fresh=True)
+        self._rows = StoredRows(self._reader, ram_cache, fingerprint, hidden_size, self._storage_dtype, fresh)
         self._writers = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="hidden-store-write")
         self.blobs.delete(f"{fingerprint}/tmp")  # the staging area of stores written before: never written now
         self._closing = threading.Event()
@@ -203,15 +204,18 @@ class HiddenStore:
             )
             return self._publish(new, new=True)
 
-    def forget_layers(self, prompt_id: str, layers: Sequence[int]) -> None:
-        """Stop serving `layers` of a published prompt (their files do not decode): its manifest is
-        published again without them, so the next request for them captures them again."""
+    def forget_layers(self, prompt_id: str, layers: Sequence[int]) -> tuple[int, ...]:
+        """Stop serving `layers` of a published prompt (their files do not decode, or are pruned): its
+        manifest is published again without them, so the next request for them captures them again.
+        Their files are left (`prune.py` deletes them later). Returns the layers it held of these."""
         with self._prompt_lock(prompt_id):
             old = self.manifest(prompt_id, fresh=True)
-            if old is None or not set(layers) & set(old.layers):
-                return
-            self._reader.forget(prompt_id, layers)
-            self._publish(without_layers(old, layers), new=False)
+            held = tuple(k for k in old.layers if k in layers) if old is not None else ()
+            if old is None or not held:
+                return ()
+            self._reader.forget(prompt_id, held)
+            self._publish(without_layers(old, held), new=False)
+            return held
 
     def read_into(
         self,
@@ -228,22 +232,14 @@ class HiddenStore:
         into it (`schemas.storage.dequantize`).
         """
         m, stop = self._checked(prompt_id, layers, start, stop)
-        h = self.hidden_size
-        want = (stop - start, len(layers) * h)
+        want = (stop - start, len(layers) * self.hidden_size)
         if out.dtype != self.numpy_dtype or out.shape != want or not out.flags.writeable:
             raise StoreInputError(
                 f"out must be a writeable {self.numpy_dtype} array of shape {want}, got {out.dtype} {out.shape}"
             )
         if stop == start or not layers:
             return
-        if self.storage == "exact":
-            self._rows.read(m, layers, out.view(self._storage_dtype), start, stop)
-            return
-        stored = np.empty(want, np.uint8)
-        self._rows.read(m, layers, stored, start, stop)
-        for i, k in enumerate(layers):
-            columns = slice(i * h, (i + 1) * h)
-            dequantize(stored[:, columns], self._reader.scales(m, k)[start:stop], out[:, columns])
+        self._rows.values(m, layers, out, start, stop)
 
     def encoded(self, prompt_id: str, layers: Sequence[int], start: int, stop: int) -> list[list[EncodedPiece]]:
         """Per layer (request order), rows start:stop as stored (`StoredRows.encoded`): an FP8 store's
@@ -256,7 +252,7 @@ class HiddenStore:
         if self.storage == "exact":
             raise StoreInputError("an exact store has no scales")
         m, _ = self._checked(prompt_id, layers, start, stop)
-        return np.stack([self._reader.scales(m, k)[start:stop] for k in layers]) if layers else np.empty((0, 0))
+        return self._rows.scales(m, layers, start, stop)
 
     def _checked(
         self, prompt_id: str, layers: Sequence[int], start: int, stop: int | None
