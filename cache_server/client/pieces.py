@@ -90,6 +90,9 @@ def decode_pieces(
         if nbytes != layers * rows * 4 or data + at + nbytes > len(view):
             raise ValueError(f"scales of {nbytes} bytes at {at} do not fit [{layers}, {rows}] in the body")
         scales = np.frombuffer(view[data + at : data + at + nbytes], "<f4").reshape(layers, rows)
-        for i in range(layers):
+
+        def dequantized(i: int) -> None:
             dequantize(stored[:, i * h : (i + 1) * h], scales[i], hidden[:, i * h : (i + 1) * h])
+
+        list(_decode_pool().map(dequantized, range(layers)))
     return hidden, token_ids, header["__metadata__"]

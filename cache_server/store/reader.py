@@ -97,6 +97,13 @@ class LayerReader:
                 self._scales.popitem(last=False)
         return found
 
+    def each(self, fn: Callable[[int], None], items: Sequence[int]) -> None:
+        """`fn(item)` for every item on the pool, every one finished before returning or raising."""
+        futures = [self._pool.submit(fn, item) for item in items]
+        wait(futures)
+        for f in futures:
+            f.result()
+
     def read(self, m: PromptManifest, wanted: Sequence[LayerRead]) -> None:
         """Fill each read's `out` (storage dtype, [stop - start, H], a strided view is fine) with rows
         start:stop of its layer.

@@ -48,9 +48,13 @@ class StoredRows:
                 return
             stored, h = np.empty(out.shape, np.uint8), self._h
             self.read(m, layers, stored, start, stop)
-            for i, k in enumerate(layers):
+            scales = [self._reader.scales(m, k)[start:stop] for k in layers]
+
+            def one(i: int) -> None:
                 columns = slice(i * h, (i + 1) * h)
-                dequantize(stored[:, columns], self._reader.scales(m, k)[start:stop], out[:, columns])
+                dequantize(stored[:, columns], scales[i], out[:, columns])
+
+            self._reader.each(one, range(len(layers)))  # a layer per pool thread
 
     def scales(self, m: PromptManifest, layers: Sequence[int], start: int, stop: int) -> np.ndarray:
         """An FP8 store's scales of rows start:stop, float32 [len(layers), stop - start]."""
