@@ -68,7 +68,8 @@ def test_the_page_shows_the_reports_in_a_real_browser(
             assert row is not None
             cells = re.findall(r"<td[^>]*>([^<]*)</td>", row.group(1))
             assert cells[-2:] == [str(c.prompts_not_greedy), str(c.greedy_mismatches)]
-        assert '<span id="generator">hf</span>' in dom
+        assert '<span id="generator">hf</span>' in dom and "float32, stored exact)" in dom
+        assert dom.count('<td class="l storage">exact</td>') == 2  # every report's features, as it says
         assert dom.count('class="job-row" data-status="done"') == 2
         shown = _rows(dom)
         assert set(shown) == set(reports)
