@@ -8,5 +8,6 @@ they are checked against. Not installed with the package; run from the repositor
   (`eagle3.py`), checkpoint writers (`checkpoints.py`), the peers' own writers run in their virtual
   environment (`peer_checkpoints.py`, driven by `peers.py`).
 - Servers: `cache-server serve` and bench servers (`servers.py`), several on one store (`fleet.py`),
-  vLLM (`engine.py`), Postgres (`postgres.py`), moto's S3 (`s3.py`), headless Chromium (`browser.py`).
+  vLLM (`engine.py`), Postgres (`postgres.py`), moto's S3 (`s3.py`), headless Chromium (`browser.py`),
+  a Docker engine and the images (`docker.py`).
 """
