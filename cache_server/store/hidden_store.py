@@ -276,7 +276,7 @@ class HiddenStore:
 
     def _publish(self, m: PromptManifest, *, new: bool) -> PromptManifest:
         """Write the manifest, the last step: before it, readers see nothing new."""
-        hierarchy.publish_manifest(self.blobs, f"{self._prompts}/{m.prompt_id}", m.model_dump(mode="json"), new=new)
+        hierarchy.publish_manifest(self.blobs, f"{self._prompts}/{m.prompt_id}", m.as_written(), new=new)
         with self._guard:
             self._manifests[m.prompt_id] = m
         return m

@@ -83,6 +83,12 @@ class PromptManifest(BaseModel):
     layer_crc32: dict[int, int] | None = None
     scale_crc32: dict[int, int] | None = None  # an FP8 store's: the same for each layer's scales array
 
+    def as_written(self) -> dict[str, object]:
+        """The manifest's JSON as published: an exact store's leaves the FP8 fields out, so that servers
+        from before storages existed, sharing the store during an upgrade, still read it."""
+        exact = self.storage == "exact" and self.scale_crc32 is None
+        return self.model_dump(mode="json", exclude={"storage", "scale_crc32"} if exact else None)
+
 
 def first_manifest(
     prompt_id: str,

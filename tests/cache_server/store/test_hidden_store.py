@@ -176,6 +176,14 @@ def test_manifest_fields(open_store: OpenStore) -> None:
     assert store.manifest("nope") is None
     assert store.namespace == "fp0"
     assert sorted(m.layer_crc32 or {}) == [2, 7]
+    # The fields a server from before storages existed reads (its manifest forbids any other): an exact
+    # store's manifest keeps to them, so old and new servers can share it during an upgrade.
+    before_storages = {
+        "prompt_id", "model_fingerprint", "model_name", "dtype", "layer_convention", "layers", "prompt_len",
+        "num_tokens", "hidden_size", "token_sha256", "codec", "created_at", "greedy_mismatches", "generator",
+        "layer_crc32",
+    }  # fmt: skip
+    assert set(on_disk) == before_storages
 
 
 def test_adding_layers_keeps_old_ones(open_store: OpenStore, small_chunks: None) -> None:
