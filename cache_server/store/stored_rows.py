@@ -44,10 +44,10 @@ class StoredRows:
         rows start:stop of `layers`: the stored bits, or an FP8 store's bytes dequantized."""
         with self._pruned_as_missing(m.prompt_id):
             if self._element != np.uint8:
-                self.read(m, layers, out.view(self._element), start, stop)
+                self._stored(m, layers, out.view(self._element), start, stop)
                 return
             stored, h = np.empty(out.shape, np.uint8), self._h
-            self.read(m, layers, stored, start, stop)
+            self._stored(m, layers, stored, start, stop)
             scales = [self._reader.scales(m, k)[start:stop] for k in layers]
 
             def one(i: int) -> None:
@@ -61,7 +61,7 @@ class StoredRows:
         with self._pruned_as_missing(m.prompt_id):
             return np.stack([self._reader.scales(m, k)[start:stop] for k in layers]) if layers else np.empty((0, 0))
 
-    def read(self, m: PromptManifest, layers: Sequence[int], raw: np.ndarray, start: int, stop: int) -> None:
+    def _stored(self, m: PromptManifest, layers: Sequence[int], raw: np.ndarray, start: int, stop: int) -> None:
         """Fill `raw[:, i*H:(i+1)*H]` ([stop - start, len(layers) * H] of the stored element type) with
         rows start:stop of layer `layers[i]`. With a RAM cache, layers found there are copied, and the
         others are decoded whole and kept."""
