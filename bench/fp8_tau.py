@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from bench.activations import activation_like
+from bench.codec_choice import best_seconds
 from cache_server.api.pieces_body import pieces_body
 from cache_server.client import CacheClient
 from cache_server.client.pieces import decode_pieces
@@ -90,12 +91,7 @@ def decoded_pieces(store: HiddenStore, m: PromptManifest, layers: list[int], tok
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_seconds(fn, repeats)
 
 
 def main() -> None:

@@ -28,6 +28,13 @@ class Sequences:
     taps: list[Tensor]
     prompt_lens: list[int]
 
+    def prompt_specs(self) -> list[dict[str, Any]]:
+        """`POST /prompts` specs of these sequences: each prompt with its (greedy) response given."""
+        return [
+            {"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist()}
+            for ids, n in zip(self.token_ids, self.prompt_lens, strict=True)
+        ]
+
 
 def make_sequences(
     target: nn.Module, prompts: Sequence[Sequence[int]], layer_ids: Sequence[int], max_new_tokens: int

@@ -39,10 +39,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(tiny_target: Path, store: Path, sequences: Sequences) -> Iterator[tuple[str, list[str]]]:
     """A real server holding the test prompts with the target's greedy responses."""
     with running_server(tiny_target, store) as url, CacheClient(url) as client:
-        specs = [
-            {"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist()}
-            for ids, n in zip(sequences.token_ids, sequences.prompt_lens, strict=True)
-        ]
+        specs = sequences.prompt_specs()
         ids = [p.prompt_id for p in client.register(specs)]
         client.wait_ready(ids, timeout_s=60)
         yield url, ids

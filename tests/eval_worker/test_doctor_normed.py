@@ -48,10 +48,7 @@ def test_doctor_names_a_checkpoint_trained_on_the_normed_last_layer(
     )
     checkpoint = save_hf_checkpoint(tmp_path / "normed", drafter)
     with running_server(target_dir, tmp_path / "store") as url, CacheClient(url) as client:
-        specs = [
-            {"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist()}
-            for ids, n in zip(data.token_ids, data.prompt_lens, strict=True)
-        ]
+        specs = data.prompt_specs()
         client.wait_ready([p.prompt_id for p in client.register(specs)])
         assert main(["doctor", str(checkpoint), "--server", url, "--device", "cpu"]) == 0
     out = capsys.readouterr().out

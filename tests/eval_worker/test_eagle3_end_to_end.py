@@ -51,10 +51,7 @@ def served(
     root = tmp_path_factory.mktemp("runs")
     with running_server(eagle_target_dir, tmp_path_factory.mktemp("store"), "--checkpoint-root", str(root)) as url:
         with CacheClient(url) as client:
-            specs = [
-                {"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist()}
-                for ids, n in zip(eagle_sequences.token_ids, eagle_sequences.prompt_lens, strict=True)
-            ]
+            specs = eagle_sequences.prompt_specs()
             client.wait_ready([p.prompt_id for p in client.register(specs)])
         yield url, root
 

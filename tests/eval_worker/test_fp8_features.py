@@ -57,10 +57,7 @@ def fp8_server(
     """The server's URL and its prompt ids, in the order of `sequences` (the ground truth's p0, p1, ...)."""
     store = tmp_path_factory.mktemp("fp8") / "store"
     with running_server(tiny_target, store, "--store-dtype", "float8_e4m3fn") as url, CacheClient(url) as client:
-        specs = [
-            {"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist()}
-            for ids, n in zip(sequences.token_ids, sequences.prompt_lens, strict=True)
-        ]
+        specs = sequences.prompt_specs()
         ids = [p.prompt_id for p in client.register(specs)]
         client.wait_ready(ids, timeout_s=60)
         yield url, ids

@@ -38,10 +38,7 @@ def test_the_page_shows_the_reports_in_a_real_browser(
     root = tmp_path / "runs"
     for step in (10, 20):
         save_torch_checkpoint(root / "v1" / f"step_{step}.pt", trained_drafter, global_step=step, epoch=0)
-    specs = [
-        {"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist(), "sets": ["a" if i < 4 else "b"]}
-        for i, (ids, n) in enumerate(zip(sequences.token_ids, sequences.prompt_lens, strict=True))
-    ]
+    specs = [{**spec, "sets": ["a" if i < 4 else "b"]} for i, spec in enumerate(sequences.prompt_specs())]
     with running_server(tiny_target, tmp_path / "store", "--checkpoint-root", str(root)) as url:
         with CacheClient(url) as client:
             client.wait_ready([p.prompt_id for p in client.register(specs)])

@@ -33,10 +33,7 @@ def test_a_job_on_two_sets_equals_each_set_alone(
     monkeypatch.setenv("EVAL_WORKER_HEADS_CACHE", str(tmp_path / "heads"))
     root = tmp_path / "runs"
     ckpt = save_torch_checkpoint(root / "step_5.pt", trained_drafter, global_step=5, epoch=0)
-    specs = [
-        {"token_ids": ids[:n].tolist(), "response_token_ids": ids[n:].tolist()}
-        for ids, n in zip(sequences.token_ids, sequences.prompt_lens, strict=True)
-    ]
+    specs = sequences.prompt_specs()
     in_a, in_b = {0, 1, 2, 3, 4}, {3, 4, 5, 6, 7}  # two prompts in both
     for i, spec in enumerate(specs):
         spec["sets"] = [name for name, members in (("a", in_a), ("b", in_b)) if i in members]
