@@ -25,20 +25,28 @@ def free_port() -> int:
 
 
 def wait_healthy(
-    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0, *, path: str = "/healthz"
+    url: str,
+    proc: subprocess.Popen[bytes] | None,
+    log: Path | None,
+    timeout_s: float = 60.0,
+    *,
+    path: str = "/healthz",
 ) -> None:
-    """Until `url + path` answers 200; RuntimeError with the log's tail if the process exits first."""
+    """Until `url + path` answers 200; RuntimeError with the log's tail if the process (when it is
+    ours) exits first."""
     deadline = time.monotonic() + timeout_s
     while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server for {url} exited with {proc.returncode}: {log.read_text()[-4000:]}")
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-4000:] if log is not None else ""
+            raise RuntimeError(f"the server for {url} exited with {proc.returncode}: {tail}")
         try:
             if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} did not become healthy in {timeout_s:.0f} s: {log.read_text()[-3000:]}")
+            tail = log.read_text()[-3000:] if log is not None else ""
+            raise TimeoutError(f"{url} did not become healthy in {timeout_s:.0f} s: {tail}")
         time.sleep(0.2)
 
 

@@ -17,6 +17,7 @@ from cache_server.client.body_reader import Scratch
 from schemas.fp8 import dequantize
 from schemas.pieces import read_pieces_header
 from schemas.safetensors_frame import numpy_dtype
+from schemas.storage import STORAGE_NAMES
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -61,7 +62,7 @@ def decode_pieces(
     hidden = np.empty(shape, dtype) if out is None else out
     check_out(hidden, shape, dtype)
     storage = header.get("storage", "exact")
-    if storage not in ("exact", "float8_e4m3fn"):
+    if storage not in STORAGE_NAMES:
         raise ValueError(f"pieces body of an unknown storage {storage!r}")
     fp8 = storage == "float8_e4m3fn"
     stored = np.empty((rows, layers * h), np.uint8) if fp8 else hidden  # FP8 bytes, dequantized below

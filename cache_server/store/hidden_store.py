@@ -105,7 +105,7 @@ class HiddenStore:
             self.blobs, self._prompts, hidden_size=hidden_size, storage_dtype=self._storage_dtype, threads=read_threads
         )
         fresh = partial(self.manifest, fresh=True)
-        self._rows = StoredRows(self._reader, ram_cache, fingerprint, hidden_size, self._storage_dtype, fresh)
+        self._rows = StoredRows(self._reader, ram_cache, fingerprint, hidden_size, self._storage_dtype, storage, fresh)
         self._writers = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="hidden-store-write")
         self.blobs.delete(f"{fingerprint}/tmp")  # the staging area of stores written before: never written now
         self._closing = threading.Event()
@@ -180,7 +180,7 @@ class HiddenStore:
         check_name(prompt_id, "prompt id")
         ids = publish.check_tokens(token_ids, prompt_len)
         shape = (len(ids), self.hidden_size)
-        data, scales = publish.stored_layers(layers, shape, self.dtype, self._storage_dtype)
+        data, scales = publish.stored_layers(layers, shape, self.dtype, self.storage)
         sha = token_sha256(ids)
         with self._prompt_lock(prompt_id):
             old = self.manifest(prompt_id, fresh=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping
 from concurrent.futures import Executor
-from typing import Any
 
 import numpy as np
 import torch
@@ -15,7 +14,8 @@ import torch
 from cache_server.store import chunks, fp8
 from cache_server.store.blobs import Blobs
 from cache_server.store.manifest import StoreInputError, layer_id
-from cache_server.torch_utils import as_numpy
+from cache_server.torch_utils import as_numpy, dtype_name
+from schemas.storage import StorageName
 
 
 def check_tokens(token_ids: np.ndarray, prompt_len: int) -> np.ndarray:
@@ -29,11 +29,11 @@ def check_tokens(token_ids: np.ndarray, prompt_len: int) -> np.ndarray:
 
 
 def stored_layers(
-    layers: Mapping[int, torch.Tensor], shape: tuple[int, int], dtype: torch.dtype, storage: np.dtype[Any]
+    layers: Mapping[int, torch.Tensor], shape: tuple[int, int], dtype: torch.dtype, storage: StorageName
 ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray] | None]:
-    """The layers to write, by id in order, as stored: their exact bytes in the storage dtype, or (a
-    uint8 storage: an FP8 store) their FP8 bytes and per-token scales. StoreInputError unless each is
-    a CPU tensor of `dtype` and `shape`, under an int id >= 0."""
+    """The layers to write, by id in order, as `storage` keeps them: their exact bytes (in the zarr
+    element type of `dtype`), or their FP8 bytes and per-token scales. StoreInputError unless each is a
+    CPU tensor of `dtype` and `shape`, under an int id >= 0."""
     checked = {layer_id(k): t for k, t in layers.items()}
     if not checked:
         raise StoreInputError("write needs at least one layer")
@@ -43,8 +43,9 @@ def stored_layers(
                 f"layer {k}: expected a CPU {dtype} tensor of shape {list(shape)}, "
                 f"got {t.device.type} {t.dtype} {list(t.shape)}"
             )
-    if storage != np.uint8:
-        return {k: as_numpy(checked[k]).view(storage) for k in sorted(checked)}, None
+    if storage == "exact":
+        element = chunks.storage_dtype(dtype_name(dtype))
+        return {k: as_numpy(checked[k]).view(element) for k in sorted(checked)}, None
     quantized = {k: fp8.quantize(k, checked[k]) for k in sorted(checked)}
     return {k: q for k, (q, _) in quantized.items()}, {k: s for k, (_, s) in quantized.items()}
 

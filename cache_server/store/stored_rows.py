@@ -14,6 +14,7 @@ from cache_server.store.manifest import LayersNotStored, PromptManifest, StoreCo
 from cache_server.store.ram_cache import RamCache
 from cache_server.store.reader import EncodedPiece, LayerRead, LayerReader
 from schemas.fp8 import dequantize
+from schemas.storage import StorageName
 
 
 class StoredRows:
@@ -30,8 +31,10 @@ class StoredRows:
         namespace: str,
         hidden_size: int,
         element: np.dtype[Any],
+        storage: StorageName,
         fresh_manifest: Callable[[str], PromptManifest | None],
     ) -> None:
+        self._fp8 = storage == "float8_e4m3fn"
         self._fresh_manifest = fresh_manifest
         self._reader = reader
         self._ram = ram
@@ -43,7 +46,7 @@ class StoredRows:
         """Fill `out` ([stop - start, len(layers) * H] of the target's numpy dtype) with the values of
         rows start:stop of `layers`: the stored bits, or an FP8 store's bytes dequantized."""
         with self._pruned_as_missing(m.prompt_id):
-            if self._element != np.uint8:
+            if not self._fp8:
                 self._stored(m, layers, out.view(self._element), start, stop)
                 return
             stored, h = np.empty(out.shape, np.uint8), self._h

@@ -563,9 +563,10 @@ RANGE_SHAPES = [
 ]
 
 
+@pytest.mark.parametrize("storage", ["exact", "float8_e4m3fn"])
 @pytest.mark.parametrize(("rows", "width", "kind"), RANGE_SHAPES, ids=lambda v: str(v).removeprefix("torch."))
 def test_every_row_range_reads_what_the_whole_prompt_holds(
-    store_root: str, rows: int, width: int, kind: torch.dtype | str
+    store_root: str, rows: int, width: int, kind: torch.dtype | str, storage: str
 ) -> None:
     """Ranges on each side of every Blosc block boundary and inside each chunk's last, shorter block,
     decoded by the store (safetensors bodies) and as pieces (decoded by the client), equal the rows of
@@ -575,15 +576,18 @@ def test_every_row_range_reads_what_the_whole_prompt_holds(
 
     dtype = torch.bfloat16 if kind == "noise" else kind
     g = torch.Generator().manual_seed(rows)
-    if kind == "noise":  # incompressible bits: the chunk is stored as is
+    if kind == "noise" and storage == "exact":  # incompressible bits: the chunk is stored as is
         layer = torch.randint(-(2**15), 2**15, (rows, width), generator=g, dtype=torch.int16).view(torch.bfloat16)
-    else:
-        layer = torch.randn(rows, width, generator=g).to(dtype)
-    store = HiddenStore(store_root, fingerprint="ranges", model_name="t", hidden_size=width, dtype=dtype)
+    else:  # (FP8 keeps only finite values; its bytes of wide-ranging values compress little)
+        layer = (torch.randn(rows, width, generator=g) * (1e3 if kind == "noise" else 1)).to(dtype)
+    store = HiddenStore(
+        store_root, fingerprint="ranges", model_name="t", hidden_size=width, dtype=dtype, storage=storage
+    )  # type: ignore[arg-type]
     try:
         manifest = store.write("p", np.arange(rows), 1, {0: layer, 1: layer.flip(0)})
         whole = read_whole(store, rows, width)
-        row_bytes, block = width * layer.element_size(), arrays.BLOSC_BLOCKSIZE
+        stored_element = 1 if storage == "float8_e4m3fn" else layer.element_size()  # FP8: one byte each
+        row_bytes, block = width * stored_element, arrays.BLOSC_BLOCKSIZE
         chunk_rows = min(arrays.CHUNK_TOKENS, rows)
         edges = {0, rows}
         for c0 in range(0, rows, chunk_rows):  # block boundaries inside each chunk, and its end
