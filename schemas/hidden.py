@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from schemas.layers import format_layer_list, parse_layer_list
+from schemas.sampling import SamplingParams
 
 HIDDEN_TENSOR = "hidden"
 TOKEN_IDS_TENSOR = "token_ids"
@@ -30,6 +31,13 @@ class HiddenMetadata(BaseModel):
     storage: str = "exact"  # `schemas.storage.describe_storage`: e.g. "float8_e4m3fn per-token scale"
     greedy_mismatches: int | None = None  # response tokens that are not the target's greedy choice
     generator: str | None = None  # how the response was made (`GeneratorInfo.describe()`)
+    sampling: str | None = None  # how it was sampled from the target: `SamplingParams` as JSON (None: greedy)
+    outside_support: int | None = None  # a sampled response's tokens outside the support of its setting
+
+    @property
+    def sampling_params(self) -> SamplingParams | None:
+        """`sampling` read back (None: greedy)."""
+        return SamplingParams.model_validate_json(self.sampling) if self.sampling else None
 
     def to_strings(self) -> dict[str, str]:
         """As safetensors `__metadata__` (every value a string)."""

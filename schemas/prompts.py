@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
+from schemas.sampling import MAX_SAMPLES, SamplingParams
+
 # Hard ceiling on generated tokens per prompt; the server also caps by the model's context.
 MAX_NEW_TOKENS_LIMIT = 32768
 
@@ -61,6 +63,11 @@ class PromptSpec(BaseModel):
     enable_thinking: bool | None = Field(
         default=None, description="passed to the chat template (messages only); None: the template's default"
     )
+    sampling: SamplingParams | None = Field(
+        default=None,
+        description="with response_token_ids: how that response was sampled from the target (None: greedy); "
+        "its tokens are then checked against that setting's support, not the argmax",
+    )
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> PromptSpec:
@@ -73,14 +80,43 @@ class PromptSpec(BaseModel):
             raise ValueError("enable_thinking is passed to the chat template: it needs messages")
         if len(set(self.sets)) != len(self.sets):
             raise ValueError(f"sets must be distinct, got {self.sets}")
+        if self.sampling is not None and self.response_token_ids is None:
+            raise ValueError("sampling declares how a given response was sampled: it needs response_token_ids")
         return self
 
 
 class GenerateSpec(BaseModel):
-    """Generate each response with the target, greedily, up to `max_new_tokens`."""
+    """Generate each response with the target up to `max_new_tokens`: greedily (temperature 0, the
+    default), or `samples` responses sampled at the given setting, sample i with seed `seed + i`; each
+    sample is a prompt of its own, its id derived from the setting and its seed."""
 
     model_config = ConfigDict(extra="forbid")
     max_new_tokens: int = Field(ge=1, le=MAX_NEW_TOKENS_LIMIT)
+    temperature: float = Field(default=0.0, ge=0, le=100, description="0: greedy")
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: StrictInt = Field(default=0, ge=0, description="0: off")
+    min_p: float = Field(default=0.0, ge=0, le=1)
+    seed: StrictInt = Field(default=0, ge=0, lt=2**62, description="sample i is drawn with seed + i")
+    samples: StrictInt = Field(default=1, ge=1, le=MAX_SAMPLES, description="responses per prompt")
+
+    @model_validator(mode="after")
+    def _samples_need_temperature(self) -> GenerateSpec:
+        self.sample_params(0)  # the filters' own checks (finite numbers)
+        if self.temperature == 0 and self.samples > 1:
+            raise ValueError("samples > 1 needs temperature > 0: greedy responses are all the same")
+        return self
+
+    def sample_params(self, index: int) -> SamplingParams | None:
+        """How sample `index` is drawn; None when greedy."""
+        if self.temperature == 0:
+            return None
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed + index,
+        )
 
 
 class GeneratorInfo(BaseModel):
@@ -124,7 +160,8 @@ class RegisteredPrompt(BaseModel):
 
 
 class RegisterResponse(BaseModel):
-    """The answer of `POST /prompts`, one entry per prompt in request order."""
+    """The answer of `POST /prompts`, one entry per response in request order (each sample of a prompt
+    in turn)."""
 
     prompts: list[RegisteredPrompt]
 
@@ -148,6 +185,14 @@ class PromptState(BaseModel):
         default=None, description="response tokens that are not the target's greedy choice (0: its own greedy)"
     )
     generator: GeneratorInfo | None = Field(default=None, description="how the response was made, once it is stored")
+    sampling: SamplingParams | None = Field(
+        default=None, description="how the response was sampled from the target (None: greedy)"
+    )
+    outside_support: int | None = Field(
+        default=None,
+        description="sampled responses: tokens the target gives zero probability under the declared "
+        "top-k/top-p/min-p at the capture forward (0: all in its support)",
+    )
     error: str | None = None
 
 
@@ -172,6 +217,13 @@ class SetCounts(BaseModel):
         default=0, description="response tokens of its ready prompts that are not the target's greedy choice"
     )
     prompts_not_greedy: int = Field(default=0, description="ready prompts with at least one such token")
+    outside_support: int = Field(
+        default=0, description="response tokens of its ready sampled prompts outside the target's support"
+    )
+    prompts_outside_support: int = Field(default=0, description="ready sampled prompts with at least one such token")
+    settings: dict[str, int] = Field(
+        default_factory=dict, description='prompts per sampling setting of their responses ("T=0", "T=0.6 ...")'
+    )
 
 
 class SetList(BaseModel):

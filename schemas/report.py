@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.layers import CheckpointLayerConvention
+from schemas.sampling import DraftSampling, SamplingParams
 
 
 class RoundTaus(BaseModel):
@@ -15,6 +16,16 @@ class RoundTaus(BaseModel):
     model_config = ConfigDict(extra="forbid")
     round_taus: list[int]
     mean: float | None
+
+
+class ExpectedRounds(BaseModel):
+    """Probabilistic drafting (standard rejection sampling at the response's setting): what the live loop
+    counts on this very response, in expectation over its accept/reject draws (exact, not sampled)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rounds: float = Field(description="expected rounds")
+    accepted: float = Field(description="expected accepted draft tokens, all rounds")
+    mean_tau: float | None = Field(description="expected mean round tau, E[tokens / rounds] (None: no round)")
 
 
 class PromptEval(BaseModel):
@@ -37,6 +48,19 @@ class PromptEval(BaseModel):
     generator: str | None = Field(
         default=None, description="how the response was made: hf, given, or engine URL MODEL VERSION (cache server)"
     )
+    sampling: SamplingParams | None = Field(
+        default=None, description="how the response was sampled from the target (None: greedy, or not recorded)"
+    )
+    outside_support: int | None = Field(
+        default=None,
+        description="sampled responses: tokens the target gives zero probability at the declared setting",
+    )
+    prompt_sha256: str | None = Field(
+        default=None, description="sha256 of the prompt's token ids: the samples of one prompt share it"
+    )
+    probabilistic: ExpectedRounds | None = Field(
+        default=None, description="the chain under probabilistic drafting (--draft-sampling probabilistic)"
+    )
 
 
 class TauSummary(BaseModel):
@@ -50,6 +74,21 @@ class TauSummary(BaseModel):
     histogram: dict[int, int] = Field(description="round tau -> number of rounds")
     prompts_evaluated: int
     prompts_without_rounds: int
+    stderr: float | None = Field(
+        default=None,
+        description="standard error of mean_tau over prompts (the samples of one prompt averaged first); "
+        "None with fewer than two prompts",
+    )
+
+
+class ExpectedSummary(BaseModel):
+    """Probabilistic drafting over a run's prompts: the mean over prompts of each one's expected mean tau."""
+
+    model_config = ConfigDict(extra="forbid")
+    mean_tau: float | None
+    tokens_per_round: float | None = Field(description="expected tokens / expected rounds, all prompts")
+    stderr: float | None = Field(default=None, description="standard error of mean_tau over prompts")
+    prompts_evaluated: int
 
 
 class EvalSeconds(BaseModel):
@@ -82,7 +121,12 @@ class SetSummary(BaseModel):
     chain: TauSummary
     trees: dict[int, TauSummary] = Field(default_factory=dict)
     eagle_trees: dict[str, TauSummary] = Field(default_factory=dict)
+    probabilistic: ExpectedSummary | None = Field(default=None, description="--draft-sampling probabilistic")
     prompts_evaluated: int
+    by_sampling: dict[str, SetSummary] = Field(
+        default_factory=dict,
+        description='the same numbers per sampling setting of the responses ("T=0", "T=0.6 top_p=0.95", ...)',
+    )
 
 
 class EvalSummary(SetSummary):
@@ -135,6 +179,10 @@ class EvalReport(BaseModel):
     draft_vocab_size: int | None = Field(default=None, description="EAGLE-3: lm_head rows")
     tree_budgets: list[int]
     eagle_trees: list[str] = Field(default_factory=list, description='EAGLE trees "TOPK,DEPTH,TOTAL"')
+    draft_sampling: list[DraftSampling] = Field(
+        default_factory=lambda: list[DraftSampling](["greedy"]),
+        description="drafting modes measured: greedy (the chain walk) and, when asked, probabilistic",
+    )
     device: str
     dtype: str
     prompts: list[PromptEval]

@@ -50,6 +50,8 @@ def hidden_metadata(manifest: PromptManifest, layers: Sequence[int], start: int,
         storage=describe_storage(manifest.storage),
         greedy_mismatches=manifest.greedy_mismatches,
         generator=manifest.generator.describe() if manifest.generator is not None else None,
+        sampling=manifest.sampling.model_dump_json() if manifest.sampling is not None else None,
+        outside_support=manifest.outside_support,
     )
 
 

@@ -1,4 +1,4 @@
-"""The target LLM: tokenizing prompts, greedy responses, and capturing decoder-layer outputs.
+"""The target LLM: tokenizing prompts, greedy and sampled responses, and capturing decoder-layer outputs.
 
 Layer k is the output of decoder layer k (0-based), captured by `hooks.capture_decoder_outputs`.
 """
@@ -19,8 +19,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from cache_server.capture.fingerprint import target_fingerprint
 from cache_server.capture.hooks import capture_decoder_outputs, decoder_layers
 from cache_server.errors import InvalidPrompt
+from cache_server.sampling import filtered_logits, sample_token, seeded_generator
 from cache_server.torch_utils import dtype_name, resolve_device, resolve_dtype
 from schemas.prompts import PromptSpec
+from schemas.sampling import SamplingParams
 from schemas.storage import StorageName
 
 log = logging.getLogger(__name__)
@@ -34,10 +36,12 @@ PLAIN_RMSNORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNo
 
 @dataclass(frozen=True)
 class Captured:
-    """One sequence's captured layers and how far its response is from the target's greedy choice."""
+    """One sequence's captured layers and how its response agrees with the target: a greedy response's
+    tokens that are not the argmax, or a sampled one's outside the support of its setting."""
 
     states: dict[int, torch.Tensor]  # layer -> [T, H] on CPU, the target dtype
-    greedy_mismatches: int
+    greedy_mismatches: int | None  # greedy responses (None for sampled ones)
+    outside_support: int | None = None  # sampled responses (None for greedy ones)
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,25 @@ class Target:
             responses.append([int(t) for t in row[:end]])
         return responses
 
+    @torch.inference_mode()
+    def sample(self, prompt: Sequence[int], max_new_tokens: int, params: SamplingParams) -> list[int]:
+        """One response sampled at `params` (seeded by its seed): one sequence at a time, unpadded, so that
+        a sample never depends on the sequences beside it; each token is drawn on the CPU from the
+        fp32 distribution, so the stream of a seed is the same on any device. Ends after an EOS token."""
+        if params.seed is None:
+            raise ValueError("a sampled response needs a seed")
+        generator = seeded_generator(params.seed, "cpu")
+        stops = set(self.stop_token_ids)
+        out = self.model(input_ids=torch.tensor([list(prompt)], device=self.device), use_cache=True)
+        response: list[int] = []
+        while True:
+            token = sample_token(out.logits[0, -1].float().cpu(), params, generator)
+            response.append(token)
+            if token in stops or len(response) == max_new_tokens:
+                return response
+            step = torch.tensor([[token]], device=self.device)
+            out = self.model(input_ids=step, past_key_values=out.past_key_values, use_cache=True)
+
     @property
     def stop_token_ids(self) -> list[int]:
         """The ids a greedy response ends after: the generation config's EOS (none for some models)."""
@@ -191,10 +214,15 @@ class Target:
 
     @torch.inference_mode()
     def capture(
-        self, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int], layers: Sequence[int]
+        self,
+        sequences: Sequence[Sequence[int]],
+        prompt_lens: Sequence[int],
+        layers: Sequence[int],
+        samplings: Sequence[SamplingParams | None] | None = None,
     ) -> list[Captured]:
-        """One batched forward: per sequence, its layers' outputs and how far its response is from
-        the target's greedy choice under this very forward.
+        """One batched forward: per sequence, its layers' outputs and how its response agrees with the
+        target under this very forward (greedy: tokens that are not the argmax; sampled at `samplings[i]`:
+        tokens outside that setting's support).
 
         Right padding keeps every real position's causal context unchanged; a single sequence runs
         unpadded and without a mask, exactly as a direct forward would.
@@ -208,23 +236,36 @@ class Target:
             mask = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).long().to(self.device)
         with capture_decoder_outputs(self.model, layers, to_host=True) as captured:
             normed = self.model.model(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
-        return [
-            Captured(
-                states={k: captured[k][i, :n] for k in layers},  # views of the batch's host copy
-                greedy_mismatches=self._greedy_mismatches(normed[i, :n], input_ids[i, :n], p),
+        settings = samplings if samplings is not None else [None] * len(sequences)
+        out = []
+        for i, (n, p, sampling) in enumerate(zip(lengths, prompt_lens, settings, strict=True)):
+            misses = self._response_misses(normed[i, :n], input_ids[i, :n], p, sampling)
+            out.append(
+                Captured(
+                    states={k: captured[k][i, :n] for k in layers},  # views of the batch's host copy
+                    greedy_mismatches=misses if sampling is None else None,
+                    outside_support=misses if sampling is not None else None,
+                )
             )
-            for i, (n, p) in enumerate(zip(lengths, prompt_lens, strict=True))
-        ]
+        return out
 
-    def _greedy_mismatches(self, normed: torch.Tensor, tokens: torch.Tensor, prompt_len: int) -> int:
-        """Response tokens t[s] (s >= prompt_len) that differ from argmax lm_head(h[s - 1])."""
-        mismatches = 0
+    def _response_misses(
+        self, normed: torch.Tensor, tokens: torch.Tensor, prompt_len: int, sampling: SamplingParams | None
+    ) -> int:
+        """Response tokens t[s] (s >= prompt_len) that the target would not emit after t[:s]: not
+        argmax lm_head(h[s - 1]) when greedy, else outside the support of `sampling`'s filters there."""
+        misses = 0
         lm_head = self.model.get_output_embeddings()
         for lo in range(prompt_len - 1, len(tokens) - 1, _ARGMAX_ROWS):  # bounded [rows, vocab] logits
             hi = min(lo + _ARGMAX_ROWS, len(tokens) - 1)
-            greedy = lm_head(normed[lo:hi]).argmax(dim=-1)
-            mismatches += int((greedy != tokens[lo + 1 : hi + 1].to(greedy.device)).sum())
-        return mismatches
+            logits = lm_head(normed[lo:hi])
+            actual = tokens[lo + 1 : hi + 1].to(logits.device)
+            if sampling is None:
+                misses += int((logits.argmax(dim=-1) != actual).sum())
+            else:
+                allowed = filtered_logits(logits, sampling).gather(-1, actual[:, None])
+                misses += int(torch.isneginf(allowed).sum())
+        return misses
 
     def final_norm(self) -> tuple[torch.Tensor, float] | None:
         """The final norm's weight (on CPU) and eps, what HF applies to the last `hidden_states` entry, when it

@@ -105,15 +105,26 @@ class CacheClient:
         return ModelInfo.model_validate(self.request("GET", "/model").json())
 
     def register(
-        self, prompts: Iterable[PromptSpec | dict[str, Any]], *, max_new_tokens: int | None = None
+        self,
+        prompts: Iterable[PromptSpec | dict[str, Any]],
+        *,
+        max_new_tokens: int | None = None,
+        generate: GenerateSpec | None = None,
     ) -> list[RegisteredPrompt]:
-        """Register prompts (with generated responses of up to `max_new_tokens`); returns their ids."""
-        body = _register_body(prompts, max_new_tokens)
+        """Register prompts with generated responses of up to `max_new_tokens` (greedy), or as `generate`
+        says (sampled, several samples each); returns their ids, every sample of a prompt in turn."""
+        body = _register_body(prompts, max_new_tokens, generate)
         return RegisterResponse.model_validate(self.request("POST", "/prompts", json=body).json()).prompts
 
-    def plan(self, prompts: Iterable[PromptSpec | dict[str, Any]], *, max_new_tokens: int | None = None) -> StoragePlan:
+    def plan(
+        self,
+        prompts: Iterable[PromptSpec | dict[str, Any]],
+        *,
+        max_new_tokens: int | None = None,
+        generate: GenerateSpec | None = None,
+    ) -> StoragePlan:
         """What registering these prompts would store, without registering them (`POST /plan`)."""
-        body = _register_body(prompts, max_new_tokens)
+        body = _register_body(prompts, max_new_tokens, generate)
         return StoragePlan.model_validate(self.request("POST", "/plan", json=body).json())
 
     def prompt(self, prompt_id: str) -> PromptState:
@@ -257,9 +268,14 @@ class CacheClient:
             raise ProtocolError(f"malformed /target/heads body: {e}") from e
 
 
-def _register_body(prompts: Iterable[PromptSpec | dict[str, Any]], max_new_tokens: int | None) -> dict[str, Any]:
+def _register_body(
+    prompts: Iterable[PromptSpec | dict[str, Any]], max_new_tokens: int | None, generate: GenerateSpec | None
+) -> dict[str, Any]:
     specs = [p if isinstance(p, PromptSpec) else PromptSpec.model_validate(p) for p in prompts]
-    generate = GenerateSpec(max_new_tokens=max_new_tokens) if max_new_tokens else None
+    if generate is not None and max_new_tokens is not None:
+        raise ValueError("give max_new_tokens or generate, not both")
+    if generate is None and max_new_tokens:
+        generate = GenerateSpec(max_new_tokens=max_new_tokens)
     return RegisterRequest(prompts=specs, generate=generate).model_dump(mode="json", exclude_none=True)
 
 

@@ -13,6 +13,7 @@ from cache_server.coordination.captures import CaptureQueue, CaptureState
 from cache_server.errors import PromptNotFound, UnknownSets
 from cache_server.store.hidden_store import HiddenStore
 from schemas.prompts import PromptPage, PromptState, PromptStatus, SetCounts, SetList
+from schemas.sampling import GREEDY
 
 
 class PromptStates:
@@ -72,6 +73,8 @@ class PromptStates:
             enable_thinking=reg.enable_thinking,
             greedy_mismatches=manifest.greedy_mismatches if manifest else None,
             generator=manifest.generator if manifest else None,
+            sampling=reg.sampling,
+            outside_support=manifest.outside_support if manifest else None,
             error=capture.error if capture is not None and capture.status == "failed" else None,
         )
 
@@ -109,14 +112,18 @@ class PromptStates:
         return sum(self.status(r.prompt_id, captures) == PromptStatus.pending for r in self.registry.all())
 
     def set_counts(self) -> SetList:
-        """`GET /sets`: every set with its prompts counted by status, and how far its ready prompts'
-        responses are from the target's greedy choice (the agreement of the engine that made them)."""
+        """`GET /sets`: every set with its prompts counted by status and by sampling setting, and how far
+        its ready prompts' responses are from the target (greedy ones: tokens not its argmax; sampled
+        ones: tokens outside the support of their setting) - the agreement of the engine that made them."""
         captures = self.captures.states()
         out = []
         for name in self.sets.names():
             members = self.set_members(name)
             statuses = Counter(self.status(p, captures) for p in members)
-            mismatches = [m.greedy_mismatches or 0 for p in members if (m := self.store.manifest(p)) is not None]
+            manifests = [m for p in members if (m := self.store.manifest(p)) is not None]
+            mismatches = [m.greedy_mismatches or 0 for m in manifests]
+            outside = [m.outside_support or 0 for m in manifests]
+            settings = Counter((r.sampling or GREEDY).setting for p in members if (r := self.registry.get(p)))
             out.append(
                 SetCounts(
                     name=name,
@@ -126,6 +133,9 @@ class PromptStates:
                     failed=statuses[PromptStatus.failed],
                     greedy_mismatches=sum(mismatches),
                     prompts_not_greedy=sum(map(bool, mismatches)),
+                    outside_support=sum(outside),
+                    prompts_outside_support=sum(map(bool, outside)),
+                    settings=dict(settings),
                 )
             )
         return SetList(sets=out)

@@ -17,6 +17,7 @@ from sqlalchemy import select
 
 from cache_server.coordination.database import Database, max_seq
 from cache_server.coordination.tables import REGISTRATIONS
+from schemas.sampling import SamplingParams
 
 
 class Registration(BaseModel):
@@ -30,6 +31,8 @@ class Registration(BaseModel):
     name: str | None = None
     chat_template_sha256: str | None = None  # the template that rendered the prompt (None: none did)
     enable_thinking: bool | None = None  # what that template was given
+    # How the response is (or, given, was) sampled from the target, with this sample's seed; None: greedy.
+    sampling: SamplingParams | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -37,12 +40,21 @@ class Registration(BaseModel):
         return len(self.prompt_ids)
 
 
-def prompt_id_for(prompt_ids: tuple[int, ...], response_ids: tuple[int, ...] | None, max_new_tokens: int | None) -> str:
-    """Same tokens (and the same response request) -> the same id, on any server."""
+def prompt_id_for(
+    prompt_ids: tuple[int, ...],
+    response_ids: tuple[int, ...] | None,
+    max_new_tokens: int | None,
+    sampling: SamplingParams | None = None,
+) -> str:
+    """Same tokens (and the same response request) -> the same id, on any server. A sampled response's
+    setting and seed are part of its id (so T = 0 and T = 0.6 versions of one prompt never collide); a
+    greedy one's id is what it was before sampling existed."""
     if response_ids is not None:
         max_new_tokens = None  # a given response makes generation settings irrelevant
-    key = json.dumps({"prompt": prompt_ids, "response": response_ids, "generate": max_new_tokens})
-    return hashlib.sha256(key.encode()).hexdigest()[:24]
+    fields: dict[str, object] = {"prompt": prompt_ids, "response": response_ids, "generate": max_new_tokens}
+    if sampling is not None:
+        fields["sampling"] = sampling.model_dump(mode="json")
+    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:24]
 
 
 class Registry:

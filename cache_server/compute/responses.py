@@ -104,15 +104,19 @@ class Responses:
             else:
                 self._in_process.append(task)
         if task.sequence is None and self._engine is not None:
-            self._engine.submit(reg.prompt_id, reg.prompt_ids, reg.max_new_tokens or 0)
+            self._engine.submit(reg.prompt_id, reg.prompt_ids, reg.max_new_tokens or 0, reg.sampling)
 
     def generate_in_process(self) -> None:
-        """The target's greedy responses to the waiting tasks (compute thread), one `generate` call per
-        max_new_tokens value, each sorted by prompt length so that left padding stays short."""
+        """The target's responses to the waiting tasks (compute thread): greedy ones in one `generate`
+        call per max_new_tokens value, each sorted by prompt length so that left padding stays short;
+        sampled ones one at a time (`Target.sample`: a seed's response never depends on its batch)."""
         with self._lock:
             waiting, self._in_process = self._in_process, []
         groups: dict[int, list[ComputeTask]] = {}
         for task in sorted(waiting, key=lambda t: t.reg.prompt_len):
+            if task.reg.sampling is not None:
+                self._sample_in_process(task)
+                continue
             groups.setdefault(task.reg.max_new_tokens or 0, []).append(task)
         for max_new, tasks in groups.items():
             try:
@@ -125,6 +129,18 @@ class Responses:
                 task.sequence, task.generator = [*task.reg.prompt_ids, *response], self.generator
             with self._lock:
                 self._ready.extend(tasks)
+
+    def _sample_in_process(self, task: ComputeTask) -> None:
+        reg = task.reg
+        assert reg.sampling is not None  # the caller's check
+        try:
+            response = self.target.sample(reg.prompt_ids, reg.max_new_tokens or 0, reg.sampling)
+        except Exception as e:
+            self._fail(reg.prompt_id, e)
+            return
+        task.sequence, task.generator = [*reg.prompt_ids, *response], self.generator
+        with self._lock:
+            self._ready.append(task)
 
     def take(self, budget: int) -> list[ComputeTask]:
         """Ready tasks up to `budget` tokens (at least one)."""

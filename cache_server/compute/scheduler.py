@@ -1,13 +1,11 @@
 """The scheduler: one compute thread owns the target and runs captures in batches up to a token
-budget, fed by the target's own generation or a serving engine's; a small writer pool publishes the
-results to the store.
+budget, fed by the target's own generation or a serving engine's; a writer pool publishes them.
 
 Capture work lives in the coordination database (`CaptureQueue`), shared by every server on the store:
-this server claims it under a lease (renewed while it computes), so each (prompt, missing layers)
-is computed once across all servers, and a dead server's work is taken over when its lease expires.
-`cache_server_prompts_computed_total` counts this server's runs. Waiters are woken when a capture
-finishes (`finished`): on this server, or on another one through the database's notices (Postgres);
-without them, work finished elsewhere is seen by polling.
+this server claims it under a lease (renewed while it computes), so each (prompt, missing layers) is
+computed once across all servers, and a dead server's work is taken over when its lease expires.
+Waiters are woken when a capture finishes (`finished`): on this server, or on another one through the
+database's notices (Postgres); without them, work finished elsewhere is seen by polling.
 """
 
 from __future__ import annotations
@@ -228,11 +226,11 @@ class Scheduler:
         return ComputeTask(reg, wanted)
 
     def _run_batch(self, batch: list[ComputeTask]) -> None:
-        seqs = [task.sequence or [] for task in batch]
+        seqs, regs = [task.sequence or [] for task in batch], [task.reg for task in batch]
         layers = sorted(set().union(*(task.layers for task in batch)))
         try:
             with self.metrics.compute_seconds.time():
-                outputs = self.target.capture(seqs, [t.reg.prompt_len for t in batch], layers)
+                outputs = self.target.capture(seqs, [r.prompt_len for r in regs], layers, [r.sampling for r in regs])
         except Exception as e:
             for task in batch:
                 self._fail(task.reg.prompt_id, e)
@@ -263,7 +261,9 @@ class Scheduler:
                 task.reg.prompt_len,
                 layers,
                 greedy_mismatches=out.greedy_mismatches,
+                outside_support=out.outside_support,
                 generator=task.generator,
+                sampling=task.reg.sampling,
             )
         except Exception as e:
             self._fail(task.reg.prompt_id, e)

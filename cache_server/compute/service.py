@@ -144,14 +144,16 @@ class HiddenStateService:
 
     def register(self, specs: Sequence[PromptSpec], generate: GenerateSpec | None) -> list[RegisteredPrompt]:
         """Validate every prompt first (all or nothing), then queue the new ones (and failed ones again)."""
-        regs = [self._registration(spec, generate) for spec in specs]
+        per_spec = [self._registrations(spec, generate) for spec in specs]
+        regs = [r for samples in per_spec for r in samples]
         self._check_room(regs)
         new = self.registry.add_many(regs)  # one transaction for all, and one for their capture work
         self.scheduler.request_many(regs, self.capture_layers, retry_failed=True, known=dict.fromkeys(new))
         captures = self.prompts.captures.states()
         out = [RegisteredPrompt(prompt_id=r.prompt_id, status=self.prompts.status(r.prompt_id, captures)) for r in regs]
         for name in dict.fromkeys(n for spec in specs for n in spec.sets):
-            self.sets.add(name, [r.prompt_id for r, spec in zip(regs, specs, strict=True) if name in spec.sets])
+            pairs = zip(per_spec, specs, strict=True)
+            self.sets.add(name, [r.prompt_id for samples, spec in pairs if name in spec.sets for r in samples])
         return out
 
     def plan(self, prompts: int, tokens: int) -> StoragePlan:
@@ -175,7 +177,7 @@ class HiddenStateService:
     def plan_registration(self, specs: Sequence[PromptSpec], generate: GenerateSpec | None) -> StoragePlan:
         """`POST /plan`: what registering these prompts would store (the ones not registered yet; a
         response to generate counted at its full `max_new_tokens`), validated as `register` does."""
-        return self._planned([self._registration(spec, generate) for spec in specs])
+        return self._planned([r for spec in specs for r in self._registrations(spec, generate)])
 
     def _planned(self, regs: Sequence[Registration]) -> StoragePlan:
         new = [r for r in regs if self.registry.get(r.prompt_id) is None]
@@ -195,20 +197,29 @@ class HiddenStateService:
                 f"codec ratio {plan.codec_ratio:.2f}); the store has {plan.free_bytes} bytes free"
             )
 
-    def _registration(self, spec: PromptSpec, generate: GenerateSpec | None) -> Registration:
+    def _registrations(self, spec: PromptSpec, generate: GenerateSpec | None) -> list[Registration]:
+        """One registration per response: the given one, or each sample `generate` asks for."""
         prompt_ids = tuple(self.target.encode(self._answers_filled_in(spec)))
         response = tuple(spec.response_token_ids) if spec.response_token_ids is not None else None
         max_new = generate.max_new_tokens if generate is not None and response is None else None
         self.target.check_length(len(prompt_ids) + (len(response) if response else max_new or 0))
-        return Registration(
-            prompt_id=prompt_id_for(prompt_ids, response, max_new),
-            prompt_ids=prompt_ids,
-            response_ids=response,
-            max_new_tokens=max_new,
-            name=spec.name,
-            chat_template_sha256=self.target.chat_template_sha256 if spec.messages is not None else None,
-            enable_thinking=spec.enable_thinking,
-        )
+        if response is not None or generate is None:
+            samplings = [spec.sampling if response is not None and spec.sampling and not spec.sampling.greedy else None]
+        else:
+            samplings = [generate.sample_params(i) for i in range(generate.samples)]
+        return [
+            Registration(
+                prompt_id=prompt_id_for(prompt_ids, response, max_new, sampling),
+                prompt_ids=prompt_ids,
+                response_ids=response,
+                max_new_tokens=max_new,
+                name=spec.name,
+                chat_template_sha256=self.target.chat_template_sha256 if spec.messages is not None else None,
+                enable_thinking=spec.enable_thinking,
+                sampling=sampling,
+            )
+            for sampling in samplings
+        ]
 
     def _answers_filled_in(self, spec: PromptSpec) -> PromptSpec:
         """`spec` with every `response_of` message replaced by that prompt's response, decoded."""

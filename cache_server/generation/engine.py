@@ -1,5 +1,5 @@
-"""A serving engine's OpenAI-compatible completions API (vLLM, SGLang) as the source of greedy
-responses: prompt token ids in, response token ids out, never a round trip through text.
+"""A serving engine's OpenAI-compatible completions API (vLLM, SGLang) as the source of greedy and
+sampled responses: prompt token ids in, response token ids out, never a round trip through text.
 
 Errors:
 
@@ -17,8 +17,9 @@ from typing import Any
 
 import httpx
 
-from schemas.completions import completion_token_ids, greedy_completion
+from schemas.completions import completion_body, completion_token_ids
 from schemas.prompts import GeneratorInfo
+from schemas.sampling import SamplingParams
 
 
 class EngineError(Exception):
@@ -51,9 +52,11 @@ class Engine:
         """What each prompt records about how its response was made."""
         return GeneratorInfo(kind="engine", url=self.url, model=self.model, version=self.version)
 
-    def completion(self, prompt_ids: Sequence[int], max_tokens: int) -> dict[str, Any]:
+    def completion(
+        self, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None
+    ) -> dict[str, Any]:
         """The completions body, stopping only where the target's own `generate` stops (its EOS ids)."""
-        return greedy_completion(self.model, prompt_ids, max_tokens, self.stop_token_ids)
+        return completion_body(self.model, prompt_ids, max_tokens, self.stop_token_ids, sampling)
 
 
 def response_tokens(response: httpx.Response) -> list[int]:
@@ -137,11 +140,14 @@ class EngineClient:
         self._limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self._client: httpx.AsyncClient | None = None
 
-    async def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
-        """The engine's greedy response; EngineUnavailable (retry) or EngineRefused (give up)."""
+    async def generate(
+        self, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None
+    ) -> list[int]:
+        """The engine's response, greedy or sampled at `sampling` with its seed; EngineUnavailable (retry)
+        or EngineRefused (give up)."""
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self._timeout_s, limits=self._limits)
-        body = self.engine.completion(prompt_ids, max_tokens)
+        body = self.engine.completion(prompt_ids, max_tokens, sampling)
         try:
             response = await self._client.post(f"{self.engine.url}/v1/completions", json=body)
         except httpx.HTTPError as e:

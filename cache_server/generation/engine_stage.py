@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from cache_server.generation.engine import EngineClient, EngineRefused, EngineUnavailable
+from schemas.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,11 @@ class EngineStage:
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-generation", daemon=True)
         self._thread.start()
 
-    def submit(self, key: str, prompt_ids: Sequence[int], max_tokens: int) -> None:
-        """Generate a response for `prompt_ids` (a prompt id as `key`)."""
-        asyncio.run_coroutine_threadsafe(self._run(key, prompt_ids, max_tokens), self._loop)
+    def submit(
+        self, key: str, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None
+    ) -> None:
+        """Generate a response for `prompt_ids` (a prompt id as `key`), greedy or sampled at `sampling`."""
+        asyncio.run_coroutine_threadsafe(self._run(key, prompt_ids, max_tokens, sampling), self._loop)
 
     def close(self) -> None:
         """Cancel what is in flight and stop the loop thread."""
@@ -56,19 +59,21 @@ class EngineStage:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.client.aclose()
 
-    async def _run(self, key: str, prompt_ids: Sequence[int], max_tokens: int) -> None:
+    async def _run(self, key: str, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None) -> None:
         try:
-            tokens = await self._with_retries(key, prompt_ids, max_tokens)
+            tokens = await self._with_retries(key, prompt_ids, max_tokens, sampling)
         except EngineRefused as e:
             await asyncio.to_thread(self._refused, key, e)  # both may write the database: off the loop
         else:
             await asyncio.to_thread(self._answered, key, tokens)
 
-    async def _with_retries(self, key: str, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
+    async def _with_retries(
+        self, key: str, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None
+    ) -> list[int]:
         backoff = _FIRST_BACKOFF_S
         while True:
             try:
-                return await self.client.generate(prompt_ids, max_tokens)
+                return await self.client.generate(prompt_ids, max_tokens, sampling)
             except EngineUnavailable as e:
                 self._on_error()
                 url = self.client.engine.url

@@ -43,6 +43,7 @@ from schemas.dtypes import DTYPE_NAMES
 from schemas.layers import LAYER_CONVENTION
 from schemas.prompts import GeneratorInfo
 from schemas.safetensors_frame import numpy_dtype
+from schemas.sampling import SamplingParams
 from schemas.storage import STORAGE_NAMES, StorageName
 
 
@@ -174,9 +175,11 @@ class HiddenStore:
         *,
         greedy_mismatches: int | None = None,
         generator: GeneratorInfo | None = None,
+        sampling: SamplingParams | None = None,
+        outside_support: int | None = None,
     ) -> PromptManifest:
         """Publish `layers` ({k: [T, H] CPU tensor}); on a published prompt, add the ones it lacks (its
-        manifest keeps the first write's `greedy_mismatches` and `generator`)."""
+        manifest keeps the first write's response checks, `generator` and `sampling`)."""
         check_name(prompt_id, "prompt id")
         ids = publish.check_tokens(token_ids, prompt_len)
         shape = (len(ids), self.hidden_size)
@@ -201,7 +204,7 @@ class HiddenStore:
                 return self._publish(with_layers(old, crc32, scale_crc32), new=False)
             new = first_manifest(
                 prompt_id, ids, prompt_len, crc32, scale_crc32, greedy_mismatches, generator, **self._identity
-            )
+            ).model_copy(update={"sampling": sampling, "outside_support": outside_support})
             return self._publish(new, new=True)
 
     def forget_layers(self, prompt_id: str, layers: Sequence[int]) -> tuple[int, ...]:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from schemas.dtypes import DTypeName
 from schemas.layers import LAYER_CONVENTION, LayerConvention
 from schemas.prompts import GeneratorInfo
+from schemas.sampling import SamplingParams
 from schemas.storage import StorageName
 
 
@@ -77,6 +78,10 @@ class PromptManifest(BaseModel):
     # greedy loop's; a given (not generated) response usually differs.
     greedy_mismatches: int | None = None
     generator: GeneratorInfo | None = None  # how the response was made (None: a prompt published before it was kept)
+    # How the response was sampled from the target (None: greedy), and for a sampled one the response
+    # tokens outside the support of that setting under the stored forward (None: greedy, not checked).
+    sampling: SamplingParams | None = None
+    outside_support: int | None = None
     # zlib.crc32 of each layer's zarr.json, which holds the crc32 of each of its chunks: readers
     # check both, so a layer overwritten after publishing is an error, never served (None: a prompt
     # published before checksums).
@@ -84,10 +89,14 @@ class PromptManifest(BaseModel):
     scale_crc32: dict[int, int] | None = None  # an FP8 store's: the same for each layer's scales array
 
     def as_written(self) -> dict[str, object]:
-        """The manifest's JSON as published: an exact store's leaves the FP8 fields out, so that servers
-        from before storages existed, sharing the store during an upgrade, still read it."""
+        """The manifest's JSON as published: an exact store's leaves the FP8 fields out, and a greedy
+        prompt's the sampling fields, so that servers from before either existed, sharing the store
+        during an upgrade, still read it."""
         exact = self.storage == "exact" and self.scale_crc32 is None
-        return self.model_dump(mode="json", exclude={"storage", "scale_crc32"} if exact else None)
+        left_out = {"storage", "scale_crc32"} if exact else set()
+        if self.sampling is None:  # a greedy prompt's manifest is as servers from before sampling wrote it
+            left_out |= {"sampling", "outside_support"}
+        return self.model_dump(mode="json", exclude=left_out or None)
 
 
 def first_manifest(

@@ -45,11 +45,36 @@ def test_registrations_record_sets_template_and_thinking(tiny_target: Path, tmp_
         )
         assert metric(client, "cache_server_prompts_pending") == 0
         sets = {s["name"]: s for s in client.get("/sets").json()["sets"]}
-        GREEDY = {"greedy_mismatches": 0, "prompts_not_greedy": 0}  # no response: nothing to disagree with
+        # no response: nothing to disagree with
+        GREEDY = {"greedy_mismatches": 0, "prompts_not_greedy": 0, "outside_support": 0, "prompts_outside_support": 0}
         assert sets == {
-            "both": {"name": "both", "total": 2, "pending": 0, "ready": 2, "failed": 0, **GREEDY},
-            "gsm8k": {"name": "gsm8k", "total": 2, "pending": 0, "ready": 2, "failed": 0, **GREEDY},
-            "humaneval": {"name": "humaneval", "total": 1, "pending": 0, "ready": 1, "failed": 0, **GREEDY},
+            "both": {
+                "name": "both",
+                "total": 2,
+                "pending": 0,
+                "ready": 2,
+                "failed": 0,
+                **GREEDY,
+                "settings": {"T=0": 2},
+            },
+            "gsm8k": {
+                "name": "gsm8k",
+                "total": 2,
+                "pending": 0,
+                "ready": 2,
+                "failed": 0,
+                **GREEDY,
+                "settings": {"T=0": 2},
+            },
+            "humaneval": {
+                "name": "humaneval",
+                "total": 1,
+                "pending": 0,
+                "ready": 1,
+                "failed": 0,
+                **GREEDY,
+                "settings": {"T=0": 1},
+            },
         }
         page = client.get("/prompts", params={"set": "both"}).json()
         assert (page["total"], [p["prompt_id"] for p in page["prompts"]]) == (2, [thinking_on, plain])
