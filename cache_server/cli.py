@@ -125,9 +125,8 @@ def _prune(settings: PruneSettings) -> int:
 def _tiny_model(out_dir: Path, tiny: TinyModelSettings) -> int:
     from cache_server.capture.tiny_model import build_tiny_model
 
-    out = build_tiny_model(
-        out_dir, layers=tiny.layers, hidden=tiny.hidden, vocab=tiny.vocab, seed=tiny.seed, head_dim=tiny.head_dim
-    )
+    shape = {"layers": tiny.layers, "hidden": tiny.hidden, "vocab": tiny.vocab, "head_dim": tiny.head_dim}
+    out = build_tiny_model(out_dir, **shape, seed=tiny.seed, logit_scale=tiny.logit_scale)
     print(
         f"wrote a tiny Qwen3 target ({tiny.layers} layers, hidden {tiny.hidden}, head_dim {tiny.head_dim}, "
         f"vocab {tiny.vocab}) to {out}"

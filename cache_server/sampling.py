@@ -28,7 +28,7 @@ def filtered_logits(logits: Tensor, params: SamplingParams) -> Tensor:
     ordered, order = x.sort(dim=-1, descending=False)  # ascending, as apply_top_k_top_p sorts
     if params.top_k:
         k = min(params.top_k, x.shape[-1])
-        kth = ordered[..., -k : -k + 1]  # ties with the k-th largest stay in
+        kth = ordered[..., x.shape[-1] - k, None]  # ties with the k-th largest stay in
         ordered = ordered.masked_fill(ordered < kth, float("-inf"))
     if params.top_p < 1:
         cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)

@@ -25,6 +25,7 @@ class TinyModelSettings(BaseSettings):
     vocab: int = Field(default=512, description="vocabulary size")
     head_dim: int = Field(default=16, description="attention head width (32 or more for vLLM's CPU attention)")
     seed: int = Field(default=0, description="random seed of the weights")
+    logit_scale: float = Field(default=1.0, gt=0, description="lm_head multiplier: 8 peaks the next-token distribution")
 
 
 class PlanSettings(BaseSettings):

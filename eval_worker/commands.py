@@ -246,6 +246,12 @@ def prompts_add(args: argparse.Namespace, settings: ConnectionSettings) -> int:
         suffix=args.suffix,
         skip_bad=args.skip_bad,
         timeout_s=settings.timeout_s,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        samples=args.samples,
     )
     with connect(settings) as client:
         if args.dry_run:

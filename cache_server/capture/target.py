@@ -196,15 +196,22 @@ class Target:
             raise ValueError("a sampled response needs a seed")
         generator = seeded_generator(params.seed, "cpu")
         stops = set(self.stop_token_ids)
-        out = self.model(input_ids=torch.tensor([list(prompt)], device=self.device), use_cache=True)
+        logits, cache = self._extend(list(prompt), None)
         response: list[int] = []
         while True:
-            token = sample_token(out.logits[0, -1].float().cpu(), params, generator)
+            token = sample_token(logits[0, -1].float().cpu(), params, generator)
             response.append(token)
             if token in stops or len(response) == max_new_tokens:
                 return response
-            step = torch.tensor([[token]], device=self.device)
-            out = self.model(input_ids=step, past_key_values=out.past_key_values, use_cache=True)
+            logits, cache = self._extend([token], cache)
+
+    def _extend(self, tokens: list[int], cache: Any) -> tuple[torch.Tensor, Any]:
+        """Logits of `tokens` after what `cache` holds, and the cache holding them too. The cache is the
+        forward's fourth argument and the output's second field in every supported transformers release
+        (named `past_key_values` before 5.x, `cache` since): passed and read by position."""
+        out = self.model(torch.tensor([tokens], device=self.device), None, None, cache, use_cache=True)
+        logits, cache = out.to_tuple()[:2]
+        return logits, cache
 
     @property
     def stop_token_ids(self) -> list[int]:

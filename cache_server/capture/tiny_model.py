@@ -89,10 +89,19 @@ def tiny_config(layers: int, hidden: int, vocab: int, head_dim: int = 16) -> Qwe
 
 
 def build_tiny_model(
-    out_dir: Path, *, layers: int = 8, hidden: int = 64, vocab: int = 512, seed: int = 0, head_dim: int = 16
+    out_dir: Path,
+    *,
+    layers: int = 8,
+    hidden: int = 64,
+    vocab: int = 512,
+    seed: int = 0,
+    head_dim: int = 16,
+    logit_scale: float = 1.0,
 ) -> Path:
     """Write a random Qwen3 causal LM and its tokenizer to `out_dir` in HF format. vLLM's CPU attention
-    takes head_dim 32 and up, not 16 (e.g. hidden 128, head_dim 32)."""
+    takes head_dim 32 and up, not 16 (e.g. hidden 128, head_dim 32). `logit_scale` multiplies lm_head:
+    a random model's next-token distribution is nearly flat, a trained one's is peaked, and sampling
+    at T > 0 only means something on a peaked one (8 gives a few likely tokens per position)."""
     if vocab < MIN_VOCAB:
         raise ValueError(f"--vocab must be at least {MIN_VOCAB} (256 bytes + special tokens + spare rows)")
     if hidden % 16 or hidden < 32:
@@ -113,6 +122,7 @@ def build_tiny_model(
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.08)
+        model.lm_head.weight.mul_(logit_scale)
     model.generation_config.eos_token_id = None  # tiny random models should not stop early
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)

@@ -14,7 +14,7 @@ from typing import Any
 from cache_server.client import CacheClient
 from eval_worker.prompt_files.records import BadRow, Row, prompt_of, read_rows
 from schemas.plan import StoragePlan
-from schemas.prompts import PromptStatus
+from schemas.prompts import GenerateSpec, PromptStatus
 
 log = logging.getLogger(__name__)
 BATCH = 10000  # prompts per POST /prompts (the server's limit; each request is all or nothing)
@@ -34,6 +34,26 @@ class AddOptions:
     suffix: str = ""
     skip_bad: bool = False
     timeout_s: float = 600.0  # waiting for a multi-turn prompt's earlier turns
+    # How responses are generated (`GenerateSpec`: greedy by default, else sampled, `samples` per prompt).
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int = 0
+    samples: int = 1
+
+    @property
+    def generate(self) -> GenerateSpec:
+        """The `generate` of each registration (ValidationError, one line on the CLI, when out of range)."""
+        return GenerateSpec(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            samples=self.samples,
+        )
 
 
 @dataclass(frozen=True)
@@ -115,6 +135,8 @@ def _first_turns(
     specs = [prompt_spec(row, opts, use_template) for row in rows]
     if not specs:
         raise ValueError(f"no prompts in {[str(f) for f in files]}")
+    if opts.generate.samples > 1 and any(row.later_turns for row in rows):
+        raise ValueError("--samples > 1 with multi-turn rows: each later turn follows one answer; register one sample")
     return rows, specs, skipped
 
 
@@ -122,9 +144,7 @@ def plan_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) -
     """`--dry-run`: what registering the files' first turns would store, nothing registered; and how many
     later turns of multi-turn rows it leaves out (they are tokenized only once the earlier turns are answered)."""
     rows, specs, _ = _first_turns(client, files, opts)
-    plans = [
-        client.plan(specs[lo : lo + BATCH], max_new_tokens=opts.max_new_tokens) for lo in range(0, len(specs), BATCH)
-    ]
+    plans = [client.plan(specs[lo : lo + BATCH], generate=opts.generate) for lo in range(0, len(specs), BATCH)]
     total = plans[0].for_load(sum(p.prompts for p in plans), sum(p.tokens for p in plans))
     return total, sum(len(row.later_turns) for row in rows)
 
@@ -132,23 +152,24 @@ def plan_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) -
 def add_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) -> Added:
     """Read every row first (nothing is registered if one is bad, unless `skip_bad`), then register."""
     rows, specs, skipped = _first_turns(client, files, opts)
-    ids = _register(client, specs, opts.max_new_tokens)
+    ids = _register(client, specs, opts.generate)
     # Multi-turn rows: turn k is registered once the target has answered turns 1..k-1 (each its own prompt).
-    threads = {i: [pid] for i, (row, pid) in enumerate(zip(rows, ids, strict=True)) if row.later_turns}
+    firsts = ids[:: opts.generate.samples]  # each row's samples are in turn (multi-turn rows have one)
+    threads = {i: [pid] for i, (row, pid) in enumerate(zip(rows, firsts, strict=True)) if row.later_turns}
     for turn in range(2, 2 + max((len(rows[i].later_turns) for i in threads), default=0)):
         waiting = {i: chain for i, chain in threads.items() if len(rows[i].later_turns) >= turn - 1}
         client.wait_ready([chain[-1] for chain in waiting.values()], timeout_s=opts.timeout_s)
         later = [later_turn_spec(rows[i], opts, chain, turn) for i, chain in waiting.items()]
-        for chain, prompt_id in zip(waiting.values(), _register(client, later, opts.max_new_tokens), strict=True):
+        for chain, prompt_id in zip(waiting.values(), _register(client, later, opts.generate), strict=True):
             chain.append(prompt_id)
             ids.append(prompt_id)
     return Added(ids, skipped)
 
 
-def _register(client: CacheClient, specs: list[dict[str, Any]], max_new_tokens: int) -> list[str]:
+def _register(client: CacheClient, specs: list[dict[str, Any]], generate: GenerateSpec) -> list[str]:
     ids: list[str] = []
     for lo in range(0, len(specs), BATCH):
-        ids += [p.prompt_id for p in client.register(specs[lo : lo + BATCH], max_new_tokens=max_new_tokens)]
+        ids += [p.prompt_id for p in client.register(specs[lo : lo + BATCH], generate=generate)]
     return ids
 
 

@@ -152,3 +152,29 @@ def test_a_dry_run_prints_what_registering_would_store_and_registers_nothing(
     per_token_all = info.hidden_size * 4 * info.num_layers  # float32 on CPU, every layer captured
     assert lines["capture layers"].endswith(f"({math.ceil(tokens * per_token_all / 1.45)} bytes, 6 layers)")
     assert "not counted: 2 later turns of multi-turn rows (tokenized once the earlier turns are answered)" in out
+
+
+def test_sampled_sets_register_each_sample_with_its_setting_and_refuse_bad_settings_in_one_line(
+    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    humaneval = tmp_path / "humaneval.jsonl"
+    humaneval.write_text("".join(json.dumps(r) + "\n" for r in HUMANEVAL))
+    with running_server(tiny_target, tmp_path / "store") as url, CacheClient(url) as client:
+        base = ["prompts", "add", "--server", url, "--max-new-tokens", "4", str(humaneval)]
+        sampled = [*base, "--set", "he-t06", "--temperature", "0.6", "--top-p", "0.95", "--samples", "3", "--seed", "5"]
+        assert main([*sampled, "--wait"]) == 0
+        assert "6 prompts registered in set 'he-t06'" in capsys.readouterr().out
+        states = [client.prompt(p.prompt_id) for p in client.prompts(set_name="he-t06")]
+        assert sorted(s.sampling.seed for s in states if s.sampling) == [5, 5, 6, 6, 7, 7]
+        assert {s.sampling.setting for s in states if s.sampling} == {"T=0.6 top_p=0.95"}
+        assert all(s.outside_support == 0 for s in states)
+        for flags, wanted in [
+            (["--temperature", "-1"], "temperature"),
+            (["--temperature", "1", "--top-p", "0"], "top_p"),
+            (["--temperature", "1", "--top-k", "-2"], "top_k"),
+            (["--samples", "2"], "samples > 1 needs temperature > 0"),
+        ]:
+            assert main([*base, "--set", "bad", *flags]) == ExitCode.usage
+            err = capsys.readouterr().err.strip()
+            assert wanted in err and "\n" not in err
+        assert [s.name for s in client.sets().sets] == ["he-t06"]
