@@ -6,8 +6,9 @@ Bodies: prompts (`prompts.py`), the target (`model.py`), the tensor endpoints (`
 (`eval_spec.py`, EAGLE trees in `trees.py`), its report (`report.py`) and the parity report
 (`parity.py`); a capture's storage projected before it starts (`plan.py`) and how it is kept, exact
 or FP8 (`storage.py`, its values `fp8.py`); the completions request sent to a serving engine
-(`completions.py`) and how a response is sampled from the target (`sampling.py`); the error codes (`errors.py`); what a layer id means (`layers.py`); dtype and
-device names (`dtypes.py`); and what a checkpoint looks like on disk (`checkpoint_layout.py`).
+(`completions.py`) and how a response is sampled from the target (`sampling.py`); the error codes
+(`errors.py`); what a layer id means (`layers.py`); dtype and device names (`dtypes.py`); and what a
+checkpoint looks like on disk (`checkpoint_layout.py`).
 """
 
 from schemas.errors import ErrorBody, ErrorCode, ErrorDetail
