@@ -212,6 +212,7 @@ def _check_spec(args: argparse.Namespace) -> None:
         eagle_trees=args.eagle_trees,
         layer_convention=args.layer_convention,
         sets=getattr(args, "sets", None) or [],
+        draft_sampling=args.draft_sampling,
     )
     args.eagle_trees = spec.eagle_trees
 

@@ -11,6 +11,7 @@ from typing import Any, TypeVar, get_args
 from pydantic_settings import BaseSettings, CliSettingsSource
 
 from schemas.layers import CheckpointLayerConvention, parse_layer_list
+from schemas.sampling import DRAFT_SAMPLING
 from schemas.trees import EagleTreeShape
 
 Command = Callable[[argparse.Namespace, Any], int]
@@ -65,6 +66,14 @@ def job_options(p: argparse.ArgumentParser) -> None:
         "--target-layer-ids",
         type=_int_list,
         help="layer ids (decoder outputs, 0-based) for a checkpoint that names none",
+    )
+    p.add_argument(
+        "--draft-sampling",
+        choices=DRAFT_SAMPLING,
+        default="greedy",
+        help="greedy (default): the chain walk, vLLM's default drafting, exact on sampled responses too; "
+        "probabilistic: also the expected tau under standard rejection sampling with sampled drafts "
+        "(drafts every anchor of the response)",
     )
 
 

@@ -63,6 +63,7 @@ def evaluate(args: argparse.Namespace, settings: EvaluateSettings) -> int:
             tree_budgets=args.tree_budgets,
             eagle_trees=[EagleTreeShape.parse(t) for t in args.eagle_trees],
             steps=args.steps,
+            draft_sampling=args.draft_sampling,
             layer_ids=args.target_layer_ids,
             block_size=args.block_size,
             layer_convention=args.layer_convention,
@@ -125,6 +126,7 @@ def _submit(jobs: JobsClient, args: argparse.Namespace, path: str, prompts: Any 
         eagle_trees=args.eagle_trees,
         layer_convention=args.layer_convention,
         sets=getattr(args, "sets", None) or (),
+        draft_sampling=args.draft_sampling,
     )
     print(f"job {state.job_id} {state.status.value}: {state.checkpoint_relative}", flush=True)
     return state

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 
 from schemas.layers import CheckpointLayerConvention
 from schemas.prompts import SetName
+from schemas.sampling import DraftSampling
 from schemas.trees import EagleTreeShape
 
 MAX_TREE_BUDGET = 4096  # DDTree budgets above this are refused
@@ -37,6 +38,11 @@ class EvalSpec(BaseModel):
         default=None, description="EAGLE-3: read the checkpoint's layer ids in this convention"
     )
     sets: list[SetName] = Field(default_factory=list, max_length=64, description="only these sets, reported per set")
+    draft_sampling: DraftSampling = Field(
+        default="greedy",
+        description="greedy: the chain walk (vLLM's default drafting; exact on sampled responses too); "
+        "probabilistic: also the expected tau under standard rejection sampling with sampled drafts",
+    )
 
     @model_validator(mode="after")
     def _sets(self) -> EvalSpec:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from schemas.eval_spec import EvalSpec, distinct
 from schemas.layers import CheckpointLayerConvention
 from schemas.report import EvalReport
+from schemas.sampling import DraftSampling
 
 MAX_PROMPT_IDS = 10000
 MAX_LEASE_S = 86400.0
@@ -73,6 +74,7 @@ class JobState(BaseModel):
     eagle_trees: list[str] = Field(default_factory=list)
     layer_convention: CheckpointLayerConvention | None = None
     sets: list[str] = Field(default_factory=list)
+    draft_sampling: DraftSampling = "greedy"
     target_fingerprint: str | None = Field(description="the target the server served at submission")
     attempts: int = Field(description="claims so far, the current one included")
     max_attempts: int

@@ -4,6 +4,7 @@ how offline acceptance at T > 0 drafts. Temperature 0 is greedy; every other fil
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
@@ -79,3 +80,15 @@ def setting_temperature(setting: str) -> float:
     if not head.startswith("T="):
         raise ValueError(f"not a sampling setting: {setting!r}")
     return float(head[2:])
+
+
+def trees_problem(trees: bool, settings: Collection[str]) -> str | None:
+    """Why trees cannot be measured on prompts whose responses have these sampling settings, or None.
+    Tree acceptance is walked on greedy (T = 0) responses only; asked of prompts that are all sampled,
+    it is refused rather than reported empty."""
+    if trees and settings and GREEDY_SETTING not in settings:
+        return (
+            f"trees at T > 0 are not measured: these prompts' responses are sampled at {sorted(settings)}; "
+            "ask for the chain only (no tree budgets or EAGLE trees), or include T = 0 prompts"
+        )
+    return None

@@ -44,7 +44,12 @@ def submit(body: JobSubmit, jobs: JobsDep, service: ServiceDep, root: RootDep) -
     """Queue an evaluation of a checkpoint under the server's --checkpoint-root (checked before queueing)."""
     info = service.model_info()
     checked = check_submission(
-        body, root=root, is_registered=service.is_registered, num_layers=info.num_layers, set_names=service.sets.names()
+        body,
+        root=root,
+        is_registered=service.is_registered,
+        num_layers=info.num_layers,
+        set_names=service.sets.names(),
+        settings_of=lambda spec: service.prompts.settings(spec.prompts, spec.sets),
     )
     return jobs.submit(
         checked.spec, checkpoint_relative=checked.checkpoint_relative, target_fingerprint=info.fingerprint

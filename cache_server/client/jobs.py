@@ -23,6 +23,7 @@ from schemas.jobs import (
     RenewRequest,
 )
 from schemas.report import EvalReport
+from schemas.sampling import DraftSampling
 
 _FINISHED = (JobStatus.done, JobStatus.failed)
 
@@ -53,6 +54,7 @@ class JobsClient:
         eagle_trees: Sequence[str] = (),
         layer_convention: Literal["layer_input", "decoder_output_0based"] | None = None,
         sets: Sequence[str] = (),
+        draft_sampling: DraftSampling = "greedy",
     ) -> JobState:
         """Queue an evaluation of `checkpoint` (a path under the server's --checkpoint-root); `steps`,
         `eagle_trees` and `layer_convention` apply to EAGLE-3 checkpoints."""
@@ -66,6 +68,7 @@ class JobsClient:
             eagle_trees=list(eagle_trees),
             layer_convention=layer_convention,
             sets=list(sets),
+            draft_sampling=draft_sampling,
         )
         return self._state("POST", "/jobs", json=body.model_dump(mode="json", exclude_none=True))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Literal
 
 from cache_server.compute.registry import Registration, Registry
 from cache_server.compute.sets import SetRegistry
@@ -139,6 +140,15 @@ class PromptStates:
                 )
             )
         return SetList(sets=out)
+
+    def settings(self, prompts: Literal["all"] | Sequence[str], sets: Sequence[str]) -> set[str]:
+        """The sampling settings of the responses a job selects (its prompt ids, or all / its sets' prompts)."""
+        if prompts == "all":
+            ids = [p for name in sets for p in self.set_members(name)] if sets else None
+        else:
+            ids = list(prompts)
+        regs = self.registry.all() if ids is None else [r for p in ids if (r := self.registry.get(p)) is not None]
+        return {(r.sampling or GREEDY).setting for r in regs}
 
     def set_members(self, name: str) -> list[str]:
         """A set's prompt ids; UnknownSets if there is no such set."""

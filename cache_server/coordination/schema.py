@@ -11,7 +11,7 @@ from sqlalchemy import Connection, inspect, select
 
 from cache_server.coordination.tables import METADATA, SCHEMA_VERSION_TABLE
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # What a database at each version lacks, in order. 1-3 only ever meet SQLite (the `rowid`).
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -22,6 +22,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE jobs ADD COLUMN sets TEXT NOT NULL DEFAULT '[]'",),
     3: ("ALTER TABLE jobs ADD COLUMN seq INTEGER", "UPDATE jobs SET seq = rowid"),  # submission order
     4: ("CREATE INDEX IF NOT EXISTS jobs_claim_order ON jobs (status, seq)",),
+    5: ("ALTER TABLE jobs ADD COLUMN draft_sampling TEXT NOT NULL DEFAULT 'greedy'",),
 }
 _LEGACY_TABLES = {"registrations", "set_members", "captures", "jobs"}
 

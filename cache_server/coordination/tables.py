@@ -69,6 +69,7 @@ JOBS = Table(
     Column("eagle_trees", Text, nullable=False, server_default="[]"),  # JSON list of "TOPK,DEPTH,TOTAL"
     Column("layer_convention", Text),
     Column("sets", Text, nullable=False, server_default="[]"),  # JSON list of prompt set names
+    Column("draft_sampling", Text, nullable=False, server_default="greedy"),  # greedy | probabilistic
     Column("target_fingerprint", Text),
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("max_attempts", Integer, nullable=False),

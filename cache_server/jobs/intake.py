@@ -6,10 +6,11 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache_server.errors import InvalidLayers, JobsDisabled, UnknownPrompts, UnknownSets
+from cache_server.errors import InvalidLayers, InvalidRequest, JobsDisabled, UnknownPrompts, UnknownSets
 from cache_server.jobs.checkpoint_paths import resolve_checkpoint
 from schemas.jobs import JobSubmit
 from schemas.layers import layer_list_problem
+from schemas.sampling import trees_problem
 
 _SHOWN = 20  # unknown ids named in a message
 
@@ -29,8 +30,10 @@ def check_submission(
     is_registered: Callable[[str], bool],
     num_layers: int,
     set_names: Collection[str] = (),
+    settings_of: Callable[[JobSubmit], Collection[str]] = lambda _: (),
 ) -> CheckedJob:
-    """The submission with its checkpoint resolved, or the error that refuses it (nothing queued)."""
+    """The submission with its checkpoint resolved, or the error that refuses it (nothing queued).
+    `settings_of` gives the sampling settings of the responses a submission selects."""
     if root is None:
         raise JobsDisabled(
             "this server does not take jobs: start it with --checkpoint-root DIR "
@@ -52,4 +55,7 @@ def check_submission(
         problem = layer_list_problem(spec.target_layer_ids, num_layers)
         if problem is not None:
             raise InvalidLayers(f"target_layer_ids: {problem}")
+    problem = trees_problem(bool(spec.tree_budgets or spec.eagle_trees), settings_of(spec))
+    if problem is not None:
+        raise InvalidRequest(problem)
     return CheckedJob(spec.model_copy(update={"checkpoint": str(checkpoint.path)}), checkpoint.relative.as_posix())

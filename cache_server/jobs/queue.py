@@ -78,6 +78,7 @@ class JobStore:
                     eagle_trees=json.dumps(spec.eagle_trees),
                     layer_convention=spec.layer_convention,
                     sets=json.dumps(spec.sets),
+                    draft_sampling=spec.draft_sampling,
                     target_fingerprint=target_fingerprint,
                     max_attempts=self.max_attempts,
                     created_at=self._now(),

@@ -12,8 +12,8 @@ from schemas.jobs import JobState, JobStatus
 
 STATE_COLUMNS = [JOBS.c[name] for name in (
     "job_id", "status", "checkpoint", "checkpoint_relative", "prompts", "tree_budgets", "target_layer_ids",
-    "block_size", "steps", "eagle_trees", "layer_convention", "sets", "target_fingerprint", "attempts",
-    "max_attempts", "worker", "created_at", "started_at", "finished_at", "lease_expires_at", "error",
+    "block_size", "steps", "eagle_trees", "layer_convention", "sets", "draft_sampling", "target_fingerprint",
+    "attempts", "max_attempts", "worker", "created_at", "started_at", "finished_at", "lease_expires_at", "error",
 )]  # fmt: skip
 
 
@@ -36,6 +36,7 @@ def job_state(row: Mapping[Any, Any]) -> JobState:
         eagle_trees=json.loads(row["eagle_trees"]),
         layer_convention=row["layer_convention"],
         sets=json.loads(row["sets"]),
+        draft_sampling=row["draft_sampling"],
         target_fingerprint=row["target_fingerprint"],
         attempts=row["attempts"],
         max_attempts=row["max_attempts"],

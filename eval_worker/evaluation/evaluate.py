@@ -8,6 +8,7 @@ features are fetched once (or found resident in the `FeatureCache`) and walked b
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -178,22 +179,39 @@ def _walk_chunk(
         mine = [item for item in chunk if item.prompt_id in ids]
         for item in mine:
             check_features(item.features, item.prompt_id, fingerprint, run.checkpoint)
-        prompts = [ready[item.prompt_id] for item in mine]
-        if not prompts:
-            continue
-        family = FAMILIES[run.checkpoint.family]
-        walked = family.walk(run.checkpoint, prompts, embed, lm_head, opts, run.cost)
-        for item, prompt, rounds in zip(mine, prompts, walked, strict=True):
-            run.results[item.prompt_id] = PromptEval(
-                prompt_id=item.prompt_id,
-                prompt_len=prompt.prompt_len,
-                num_tokens=len(prompt.token_ids),
-                chain=round_taus(rounds.chain),
-                trees=rounds.trees,
-                eagle_trees=rounds.eagle_trees,
-                greedy_mismatches=item.features.metadata.greedy_mismatches,
-                generator=item.features.metadata.generator,
-            )
+        # Trees are walked on greedy responses only; a sampled one gets the chain (exact at any T).
+        for sampled in (False, True):
+            part = [item for item in mine if (item.features.metadata.sampling is not None) == sampled]
+            if part:
+                _walk_part(run, part, [ready[item.prompt_id] for item in part], embed, lm_head, opts, sampled)
+
+
+def _walk_part(
+    run: _Run,
+    items: list[Fetched],
+    prompts: list[PromptFeatures],
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    opts: EvalOptions,
+    sampled: bool,
+) -> None:
+    family = FAMILIES[run.checkpoint.family]
+    walked = family.walk(run.checkpoint, prompts, embed, lm_head, opts.chain_only if sampled else opts, run.cost)
+    for item, prompt, rounds in zip(items, prompts, walked, strict=True):
+        meta = item.features.metadata
+        run.results[item.prompt_id] = PromptEval(
+            prompt_id=item.prompt_id,
+            prompt_len=prompt.prompt_len,
+            num_tokens=len(prompt.token_ids),
+            chain=round_taus(rounds.chain),
+            trees=rounds.trees,
+            eagle_trees=rounds.eagle_trees,
+            greedy_mismatches=meta.greedy_mismatches,
+            generator=meta.generator,
+            sampling=meta.sampling_params,
+            outside_support=meta.outside_support,
+            prompt_sha256=hashlib.sha256(str(prompt.token_ids[: prompt.prompt_len]).encode()).hexdigest()[:16],
+        )
 
 
 def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
@@ -206,6 +224,14 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
             "measures acceptance against the given response, not what the live greedy loop would see",
             len(not_greedy),
             not_greedy[:3],
+        )
+    outside = [r.prompt_id for r in results if r.outside_support]
+    if outside:
+        log.warning(
+            "%d sampled responses have tokens the target would never sample at their setting (e.g. %s): "
+            "another model made them, and their tau is not the live loop's",
+            len(outside),
+            outside[:3],
         )
     cost = EvalCost(
         drafted_blocks=run.cost.drafted_blocks,
@@ -246,6 +272,7 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
         draft_vocab_size=fields.draft_vocab_size,
         tree_budgets=fields.tree_budgets,
         eagle_trees=fields.eagle_trees,
+        draft_sampling=["greedy", "probabilistic"] if opts.draft_sampling == "probabilistic" else ["greedy"],
         device=str(opts.device),
         dtype=dtype_name(opts.dtype),
         prompts=results,

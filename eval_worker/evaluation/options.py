@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from schemas.eval_spec import EvalSpec
+from schemas.sampling import DraftSampling
 from schemas.trees import EagleTreeShape
 
 
@@ -22,6 +23,17 @@ class EvalOptions:
     group_tokens: int = 8192  # prompt tokens whose walks are drafted together (each block reads its own context)
     max_blocks: int = 64  # blocks per drafter forward
     progress: bool = True
+    draft_sampling: DraftSampling = "greedy"  # probabilistic: also the expected tau under rejection sampling
 
     def __post_init__(self) -> None:  # checked as the CLI and POST /jobs check them (ValidationError)
-        EvalSpec(tree_budgets=list(self.tree_budgets), steps=self.steps, eagle_trees=[t.key for t in self.eagle_trees])
+        EvalSpec(
+            tree_budgets=list(self.tree_budgets),
+            steps=self.steps,
+            eagle_trees=[t.key for t in self.eagle_trees],
+            draft_sampling=self.draft_sampling,
+        )
+
+    @property
+    def chain_only(self) -> EvalOptions:
+        """These options without trees: what a response sampled at T > 0 is walked with."""
+        return replace(self, tree_budgets=(), eagle_trees=())

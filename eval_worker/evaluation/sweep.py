@@ -27,6 +27,7 @@ from eval_worker.settings import EvaluateSettings
 from schemas.model import ModelInfo
 from schemas.prompts import PromptStatus
 from schemas.report import EvalReport
+from schemas.sampling import GREEDY, GREEDY_SETTING, DraftSampling, trees_problem
 from schemas.trees import EagleTreeShape
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,15 @@ def select_prompts(
     return list(prompt_ids)
 
 
+def check_trees_greedy(client: CacheClient, prompt_ids: Sequence[Sequence[str]]) -> None:
+    """ValueError (one line) when trees are asked of prompts whose responses are all sampled at T > 0."""
+    settings = {s.prompt_id: (s.sampling or GREEDY).setting for s in client.prompts()}
+    for ids in prompt_ids:
+        problem = trees_problem(True, {settings.get(p, GREEDY_SETTING) for p in ids})
+        if problem is not None:
+            raise ValueError(problem)
+
+
 def drafter_dtype(settings: EvaluateSettings, device: torch.device, info: ModelInfo) -> torch.dtype:
     """The asked dtype; by default fp32 on CPU (exact) and the served dtype on a GPU, as engines run it."""
     if settings.dtype is not None:
@@ -85,6 +95,7 @@ def evaluate_checkpoints(
     tree_budgets: Sequence[int] = (),
     eagle_trees: Sequence[EagleTreeShape] = (),
     steps: int | None = None,
+    draft_sampling: DraftSampling = "greedy",
     sets: Sequence[str] = (),
     set_members_of: Sequence[Mapping[str, Sequence[str]]] | None = None,
     layer_ids: Sequence[int] | None = None,
@@ -137,6 +148,8 @@ def evaluate_checkpoints(
         select_prompts(client, p, settings.timeout_s, m, progress=progress)
         for p, m in zip(wanted, set_members_of, strict=True)
     ]
+    if tree_budgets or eagle_trees:
+        check_trees_greedy(client, ids)
     device = resolve_device(settings.device)
     options = EvalOptions(
         tree_budgets=tuple(tree_budgets),
@@ -145,6 +158,7 @@ def evaluate_checkpoints(
         device=str(device),
         dtype=drafter_dtype(settings, device, info),
         progress=progress,
+        draft_sampling=draft_sampling,
     )
     heads = HeadsCache(settings.heads_cache)
     return evaluate_many(

@@ -18,10 +18,12 @@ from eval_worker.evaluation.sweep import evaluate_checkpoints, feature_cache
 from eval_worker.settings import WorkerSettings
 from schemas.jobs import Claim
 from schemas.report import EvalReport
+from schemas.sampling import DraftSampling
 from schemas.trees import EagleTreeShape
 
 log = logging.getLogger(__name__)
-_Drafts = tuple[tuple[int, ...], tuple[str, ...], int | None]  # DDTree budgets, EAGLE trees, EAGLE steps
+# DDTree budgets, EAGLE trees, EAGLE steps, drafting mode
+_Drafts = tuple[tuple[int, ...], tuple[str, ...], int | None, DraftSampling]
 
 
 def default_worker_name() -> str:
@@ -132,7 +134,8 @@ class JobWorker:
         by_budgets: dict[_Drafts, list[int]] = {}
         for i in loaded:
             job = claims[i].job
-            by_budgets.setdefault((tuple(job.tree_budgets), tuple(job.eagle_trees), job.steps), []).append(i)
+            drafts = (tuple(job.tree_budgets), tuple(job.eagle_trees), job.steps, job.draft_sampling)
+            by_budgets.setdefault(drafts, []).append(i)
         for budgets, batch in by_budgets.items():
             done = self._batch(batch, loaded, claims, budgets)
             if done is None:  # the batch failed: one by one, so that each failure lands on its job
@@ -159,6 +162,7 @@ class JobWorker:
                 set_members_of=[claims[i].set_members for i in batch],
                 eagle_trees=[EagleTreeShape.parse(t) for t in drafts[1]],
                 steps=drafts[2],
+                draft_sampling=drafts[3],
                 progress=False,
                 features=self.features,
             )

@@ -45,15 +45,22 @@ def test_a_database_opened_alone_has_every_table(db_location: str) -> None:
 
 def test_a_database_at_the_last_version_is_migrated(db_location: str) -> None:
     db = Database(db_location)
-    with db.transaction() as c:  # what a server of version 4 left: no version table, no claim-order index
-        c.exec_driver_sql("DROP INDEX jobs_claim_order")
+    with db.transaction() as c:  # what a server of version 4 left: no version table, no claim-order index,
+        c.exec_driver_sql("DROP INDEX jobs_claim_order")  # no drafting mode
         c.exec_driver_sql("DROP TABLE schema_version")
+        c.exec_driver_sql("ALTER TABLE jobs DROP COLUMN draft_sampling")
+        c.exec_driver_sql(
+            "INSERT INTO jobs (job_id, status, checkpoint, checkpoint_relative, prompts, tree_budgets, max_attempts, "
+            "created_at) VALUES ('old', 'queued', '/c', 'c', '\"all\"', '[]', 3, 0)"
+        )
     db.close()
     db = Database(db_location)
     try:
         assert db.opened_at_version == 4
         assert "jobs_claim_order" in _tables_and_indexes(db)[1]
         assert _version(db) == SCHEMA_VERSION
+        with db.read() as c:  # version 6: a job of an older server drafts greedily, as it did
+            assert c.exec_driver_sql("SELECT draft_sampling FROM jobs WHERE job_id = 'old'").scalar_one() == "greedy"
     finally:
         db.close()
 
