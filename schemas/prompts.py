@@ -28,6 +28,23 @@ SetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 MAX_SETS_PER_PROMPT = 16
 
 
+class GeneratorInfo(BaseModel):
+    """How a prompt's response was made: by the target in-process (`hf`), by a serving engine over its
+    OpenAI-compatible API (`engine`: its URL, served model and version), or `given` with the prompt."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["hf", "engine", "given"]
+    url: str | None = None
+    model: str | None = None
+    version: str | None = None
+
+    def describe(self) -> str:
+        """One line: `hf`, `given`, or `engine <url> <model> <version>`."""
+        if self.kind != "engine":
+            return self.kind
+        return f"engine {self.url} {self.model} {self.version or 'version unknown'}"
+
+
 class ChatMessage(BaseModel):
     """One chat turn, rendered with the target's chat template. An assistant turn may instead name a
     registered prompt (`response_of`) whose response the server fills in, decoded as text: a later turn
@@ -68,6 +85,11 @@ class PromptSpec(BaseModel):
         description="with response_token_ids: how that response was sampled from the target (None: greedy); "
         "its tokens are then checked against that setting's support, not the argmax",
     )
+    generator: GeneratorInfo | None = Field(
+        default=None,
+        description='with response_token_ids: what made that response, e.g. {"kind": "engine", "url", "model", '
+        '"version"} for a serving engine\'s output path (None: "given")',
+    )
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> PromptSpec:
@@ -80,8 +102,10 @@ class PromptSpec(BaseModel):
             raise ValueError("enable_thinking is passed to the chat template: it needs messages")
         if len(set(self.sets)) != len(self.sets):
             raise ValueError(f"sets must be distinct, got {self.sets}")
-        if self.sampling is not None and self.response_token_ids is None:
-            raise ValueError("sampling declares how a given response was sampled: it needs response_token_ids")
+        if (self.sampling is not None or self.generator is not None) and self.response_token_ids is None:
+            raise ValueError(
+                "sampling and generator declare how a given response was made: they need response_token_ids"
+            )
         return self
 
 
@@ -117,23 +141,6 @@ class GenerateSpec(BaseModel):
             min_p=self.min_p,
             seed=self.seed + index,
         )
-
-
-class GeneratorInfo(BaseModel):
-    """How a prompt's response was made: by the target in-process (`hf`), by a serving engine over its
-    OpenAI-compatible API (`engine`: its URL, served model and version), or `given` with the prompt."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: Literal["hf", "engine", "given"]
-    url: str | None = None
-    model: str | None = None
-    version: str | None = None
-
-    def describe(self) -> str:
-        """One line: `hf`, `given`, or `engine <url> <model> <version>`."""
-        if self.kind != "engine":
-            return self.kind
-        return f"engine {self.url} {self.model} {self.version or 'version unknown'}"
 
 
 class RegisterRequest(BaseModel):

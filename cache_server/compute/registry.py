@@ -17,6 +17,7 @@ from sqlalchemy import select
 
 from cache_server.coordination.database import Database, max_seq
 from cache_server.coordination.tables import REGISTRATIONS
+from schemas.prompts import GeneratorInfo
 from schemas.sampling import SamplingParams
 
 
@@ -33,6 +34,7 @@ class Registration(BaseModel):
     enable_thinking: bool | None = None  # what that template was given
     # How the response is (or, given, was) sampled from the target, with this sample's seed; None: greedy.
     sampling: SamplingParams | None = None
+    generator: GeneratorInfo | None = None  # what made a given response, when declared (None: "given")
 
     @property
     def prompt_len(self) -> int:

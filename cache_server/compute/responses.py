@@ -92,7 +92,7 @@ class Responses:
                 task.sequence = [int(t) for t in self.store.token_ids(reg.prompt_id)]
             elif reg.response_ids is not None or reg.max_new_tokens is None:
                 task.sequence = [*reg.prompt_ids, *(reg.response_ids or ())]
-                task.generator = GeneratorInfo(kind="given")
+                task.generator = reg.generator or GeneratorInfo(kind="given")
         except Exception as e:
             self._fail(reg.prompt_id, e)
             return

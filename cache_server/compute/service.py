@@ -217,6 +217,7 @@ class HiddenStateService:
                 chat_template_sha256=self.target.chat_template_sha256 if spec.messages is not None else None,
                 enable_thinking=spec.enable_thinking,
                 sampling=sampling,
+                generator=spec.generator if response is not None else None,
             )
             for sampling in samplings
         ]

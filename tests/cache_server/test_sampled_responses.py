@@ -85,10 +85,13 @@ def test_a_response_from_another_model_is_flagged_by_the_support_check(
         checked = {}
         for name, model in (("own", peaked_target), ("other", other_peaked_target)):
             response = _direct_sample(model, prompt_ids, 0)
-            spec = {"token_ids": prompt_ids, "response_token_ids": response, "sampling": declared}
+            engine = {"kind": "engine", "url": "http://127.0.0.1:9", "model": name, "version": "1"}
+            spec = {"token_ids": prompt_ids, "response_token_ids": response, "sampling": declared, "generator": engine}
             [given] = client.post("/prompts", json={"prompts": [spec]}).json()["prompts"]
-            get_hidden(client, given["prompt_id"], "0")
-            checked[name] = client.get(f"/prompts/{given['prompt_id']}").json()["outside_support"]
+            _, meta = get_hidden(client, given["prompt_id"], "0")
+            state = client.get(f"/prompts/{given['prompt_id']}").json()
+            assert state["generator"] == engine and meta["generator"] == f"engine http://127.0.0.1:9 {name} 1"
+            checked[name] = state["outside_support"]
         assert checked["own"] == 0 and checked["other"] > NEW_TOKENS // 3
 
 
