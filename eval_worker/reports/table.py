@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from schemas.report import EvalReport, TauSummary
+from schemas.report import EvalReport, ExpectedSummary, SetSummary, TauSummary
+from schemas.sampling import GREEDY_SETTING
 
 
 def _fmt(x: float | None) -> str:
@@ -12,9 +13,37 @@ def _fmt(x: float | None) -> str:
 def _row(name: str, s: TauSummary) -> str:
     hist = " ".join(f"{tau}:{n}" for tau, n in s.histogram.items())
     return (
-        f"{name:<10} {_fmt(s.mean_tau):>8} {_fmt(s.tokens_per_round):>11} {s.total_rounds:>7} "
+        f"{name:<16} {_fmt(s.mean_tau):>8} {_fmt(s.stderr):>7} {_fmt(s.tokens_per_round):>11} {s.total_rounds:>7} "
         f"{s.prompts_evaluated:>7}  {hist}"
     )
+
+
+def _expected_row(name: str, s: ExpectedSummary) -> str:
+    rounds = "-"  # expected rounds are not whole
+    return (
+        f"{name:<16} {_fmt(s.mean_tau):>8} {_fmt(s.stderr):>7} {_fmt(s.tokens_per_round):>11} {rounds:>7} "
+        f"{s.prompts_evaluated:>7}"
+    )
+
+
+def _rows(s: SetSummary, prefix: str = "") -> list[str]:
+    """Chain, trees and probabilistic drafting of one summary."""
+    lines = [_row(f"{prefix}chain", s.chain)]
+    lines += [_row(f"{prefix}ddtree-{b}", t) for b, t in sorted(s.trees.items())]
+    lines += [_row(f"{prefix}eagle-{k}", t) for k, t in s.eagle_trees.items()]
+    if s.probabilistic is not None:
+        lines.append(_expected_row(f"{prefix}probabilistic", s.probabilistic))
+    return lines
+
+
+def _by_sampling(s: SetSummary) -> list[str]:
+    """One block per sampling setting of the responses, when any was sampled (T > 0)."""
+    if set(s.by_sampling) <= {GREEDY_SETTING}:
+        return []
+    lines = ["", "by sampling setting of the responses (chain: greedy drafting; probabilistic: expected)"]
+    for setting, summary in s.by_sampling.items():
+        lines += [f"  {setting}", *("  " + line for line in _rows(summary))]
+    return lines
 
 
 def _drafter(r: EvalReport) -> str:
@@ -41,15 +70,12 @@ def format_report(report: EvalReport) -> str:
         f"drafter     {_drafter(report)}",
         f"layers      {_layers(report)}",
         "",
-        f"{'drafts':<10} {'tau':>8} {'tok/round':>11} {'rounds':>7} {'prompts':>7}  round-tau histogram",
-        _row("chain", report.summary.chain),
-    ]
-    lines += [_row(f"ddtree-{b}", s) for b, s in sorted(report.summary.trees.items())]
-    lines += [_row(f"eagle-{k}", s) for k, s in report.summary.eagle_trees.items()]
-    lines += [
+        f"{'drafts':<16} {'tau':>8} {'s.e.':>7} {'tok/round':>11} {'rounds':>7} {'prompts':>7}  round-tau histogram",
+        *_rows(report.summary),
+        *_by_sampling(report.summary),
         "",
-        f"tau = mean over prompts of each prompt's mean round tau (bonus token counted); "
-        f"{report.summary.wall_time_s:.1f} s on {report.device}",
+        f"tau = mean over prompts of each prompt's mean round tau (bonus token counted), s.e. its standard error "
+        f"over prompts; {report.summary.wall_time_s:.1f} s on {report.device}",
     ]
     if report.summary.prompts_not_target_greedy:
         lines.append(
