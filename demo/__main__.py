@@ -1,10 +1,12 @@
 """The end-to-end demo on a tiny local model: `./dev demo` (or `python -m demo`).
 
-Builds a tiny random Qwen3 target, starts a real cache server, registers prompts (two sets, code and
-prose) whose responses the target generates, trains a tiny DFlash drafter on features fetched from the
-cache and saves it at two steps, trains a tiny EAGLE-3 drafter (a draft vocab of half the target's, EAGLE-3's default
-taps) and saves it in the EAGLE layout, submits every checkpoint as a job, runs an eval worker until
-they are done, then prints the leaderboard of both families and writes the tau plot.
+Builds a tiny random Qwen3 target (its next-token distribution peaked, as a trained model's is),
+starts a real cache server, registers prompts (two sets, code and prose) whose responses the target
+generates greedily (T = 0) and sampled at T = 0.6 (top-p 0.95, two samples each), trains a tiny DFlash
+drafter on features fetched from the cache and saves it at two steps, trains a tiny EAGLE-3 drafter (a
+draft vocab of half the target's, EAGLE-3's default taps) and saves it in the EAGLE layout, submits
+every checkpoint as a job (greedy and probabilistic drafting), runs an eval worker until they are done,
+then prints the leaderboard of both families, per sampling setting, and writes the tau plot.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.reports.compare import compare_table
 from eval_worker.reports.plot import plot
 from schemas.jobs import JobStatus
+from schemas.prompts import GenerateSpec
 from testing.browser import CHROMIUM, headless
 from testing.checkpoints import engine_keys, save_hf_checkpoint
 from testing.eagle3 import eagle3_config, frequent_d2t, random_eagle3, save_eagle3, train_eagle3
@@ -47,6 +50,8 @@ TEXTS = [
 ]
 CODE = {0, 2, 4, 5, 7}  # the rest are prose: two prompt sets, reported apart
 HELD_OUT = 2  # the last prompts are never trained on
+LOGIT_SCALE = 8.0  # lm_head x 8: a few likely tokens per position (a random model's distribution is flat)
+SAMPLED = {"temperature": 0.6, "top_p": 0.95, "samples": 2}  # the setting the demo's sets are also sampled at
 
 
 def _say(msg: str) -> None:
@@ -99,9 +104,9 @@ def run_jobs(url: str, runs: Path, workdir: Path) -> None:
     with CacheClient(url) as client:
         jobs = JobsClient(client)
         submitted = [
-            jobs.submit(p.name, eagle_trees=["4,3,16"], sets=["code", "prose"])
+            jobs.submit(p.name, eagle_trees=["4,3,16"], sets=["code", "prose"], draft_sampling="probabilistic")
             if p.name.startswith("eagle3")
-            else jobs.submit(p.name, tree_budgets=[4, 8], sets=["code", "prose"])
+            else jobs.submit(p.name, tree_budgets=[4, 8], sets=["code", "prose"], draft_sampling="probabilistic")
             for p in sorted(runs.iterdir())
         ]
         for job in submitted:
@@ -156,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
 
     _say(f"building a tiny Qwen3 target ({args.layers} layers) in {args.workdir / 'target'}")
     # head_dim 32: the smallest vLLM's CPU attention takes, so that vLLM can serve the demo's drafters too
-    target = build_tiny_model(args.workdir / "target", layers=args.layers, hidden=128, head_dim=32, vocab=512)
+    target = build_tiny_model(
+        args.workdir / "target", layers=args.layers, hidden=128, head_dim=32, vocab=512, logit_scale=LOGIT_SCALE
+    )
 
     server_args = ("--checkpoint-root", str(runs))
     with running_server(target, args.workdir / "store", *server_args) as url, CacheClient(url) as client:
@@ -165,8 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         specs = [{"text": t, "name": t, "sets": ["code" if i in CODE else "prose"]} for i, t in enumerate(TEXTS)]
         registered = client.register(specs, max_new_tokens=args.new_tokens)
         ids = [r.prompt_id for r in registered]
-        client.wait_ready(ids, timeout_s=300)
-        print(f"{len(ids)} prompts registered; the target generated {args.new_tokens}-token greedy responses")
+        sampled = client.register(specs, generate=GenerateSpec(max_new_tokens=args.new_tokens, **SAMPLED))
+        client.wait_ready(ids + [r.prompt_id for r in sampled], timeout_s=300)
+        print(
+            f"{len(ids)} prompts registered; the target generated {args.new_tokens}-token greedy responses, "
+            f"and {len(sampled)} sampled at T = {SAMPLED['temperature']}, top-p {SAMPLED['top_p']}"
+        )
         counts = ", ".join(f"{s.name} {s.ready}/{s.total} ready" for s in client.sets().sets)
         print(f"prompt sets (GET /sets): {counts}")
 

@@ -52,7 +52,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def _checkpoints(tmp_path: Path) -> tuple[Path, Path]:
     """The target the server container writes (the demo's shape), and a DFlash checkpoint for it in a
     directory the containers' non-root user can read."""
-    target = build_tiny_model(tmp_path / "target", hidden=128, head_dim=32)
+    target = build_tiny_model(tmp_path / "target", hidden=128, head_dim=32, logit_scale=8.0)
     torch.manual_seed(0)
     config = tiny_drafter_config(AutoConfig.from_pretrained(target), [1, 3, 5], block_size=4)
     runs = tmp_path / "runs"

@@ -14,6 +14,7 @@ from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobStatus
+from schemas.prompts import GenerateSpec
 from testing.browser import CHROMIUM, headless
 from testing.checkpoints import save_torch_checkpoint
 from testing.servers import running_server
@@ -27,7 +28,7 @@ def _rows(dom: str) -> dict[str, dict[str, str]]:
     rows = {}
     row = r'<tr class="board-row[^"]*" data-job="[^"]+" data-checkpoint="([^"]+)">(.*?)</tr>'
     for checkpoint, body in re.findall(row, dom):
-        rows[checkpoint] = dict(re.findall(r'<td class="tau" data-kind="([^"]+)">([^<]*)</td>', body))
+        rows[checkpoint] = dict(re.findall(r'<td class="tau" data-kind="([^"]+)">([^<\s]*)', body))
     return rows
 
 
@@ -42,8 +43,12 @@ def test_the_page_shows_the_reports_in_a_real_browser(
     with running_server(tiny_target, tmp_path / "store", "--checkpoint-root", str(root)) as url:
         with CacheClient(url) as client:
             client.wait_ready([p.prompt_id for p in client.register(specs)])
+            # set c: two prompts' responses sampled at T = 0.6 (top-p 0.95), two samples each
+            sampled = GenerateSpec(max_new_tokens=24, temperature=0.6, top_p=0.95, samples=2)
+            texts = [{"text": t, "sets": ["c"]} for t in ("def fib(n):", "The quick brown fox")]
+            client.wait_ready([p.prompt_id for p in client.register(texts, generate=sampled)])
             jobs = JobsClient(client)
-            submitted = [jobs.submit(f"v1/step_{s}.pt", tree_budgets=[3], sets=["a", "b"]) for s in (10, 20)]
+            submitted = [jobs.submit(f"v1/step_{s}.pt", tree_budgets=[3], sets=["a", "b", "c"]) for s in (10, 20)]
             stop = threading.Event()
             settings = WorkerSettings(server=url, device="cpu", poll_interval=0.1, heads_cache=tmp_path / "heads")
             worker = threading.Thread(target=JobWorker(client, settings).serve, args=(stop,))
@@ -64,7 +69,8 @@ def test_the_page_shows_the_reports_in_a_real_browser(
             row = re.search(rf'data-set="{name}">(.*?)</tr>', dom)
             assert row is not None
             cells = re.findall(r"<td[^>]*>([^<]*)</td>", row.group(1))
-            assert cells[-2:] == [str(c.prompts_not_greedy), str(c.greedy_mismatches)]
+            settings = ", ".join(f"{k}: {n}" for k, n in c.settings.items())
+            assert cells[-4:] == [str(c.prompts_not_greedy), str(c.greedy_mismatches), settings, "0"]
         assert '<span id="generator">hf</span>' in dom and "float32, stored exact)" in dom
         assert dom.count('<td class="l storage">exact</td>') == 2  # every report's features, as it says
         assert dom.count('class="job-row" data-status="done"') == 2
@@ -72,8 +78,16 @@ def test_the_page_shows_the_reports_in_a_real_browser(
         assert set(shown) == set(reports)
         for checkpoint, report in reports.items():
             assert shown[checkpoint]["chain"] == f"{report.summary.chain.mean_tau:.3f}"
-            assert shown[checkpoint]["trees:3"] == f"{report.summary.trees[3].mean_tau:.3f}"
-        assert '<polyline class="run" data-run="v1"' in dom and '<polyline id="curve"' in dom
+            assert shown[checkpoint]["trees:3"] == f"{report.summary.trees[3].mean_tau:.3f}"  # T = 0 prompts only
+            assert report.summary.trees[3].prompts_evaluated == 8 and report.summary.chain.prompts_evaluated == 12
+            for setting, summary in report.summary.by_sampling.items():  # T=0 and T=0.6 top_p=0.95 columns
+                assert shown[checkpoint][f"setting:{setting}|chain"] == f"{summary.chain.mean_tau:.3f}"
+            assert set(report.summary.by_sampling) == {"T=0", "T=0.6 top_p=0.95"}
+        assert dom.count('<td class="l drafting">greedy</td>') == 2
+        assert re.search(r"±\d\.\d{3}", dom)  # every tau with its standard error
+        for setting in ("T=0", "T=0.6 top_p=0.95"):  # tau vs step per sampling setting
+            assert f'<polyline class="run" data-run="v1 {setting}"' in dom
+        assert '<polyline id="curve"' in dom
 
         per_set = _rows(headless(url + "/?set=b", "--dump-dom"))
         for checkpoint, report in reports.items():
