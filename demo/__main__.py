@@ -51,7 +51,7 @@ TEXTS = [
 CODE = {0, 2, 4, 5, 7}  # the rest are prose: two prompt sets, reported apart
 HELD_OUT = 2  # the last prompts are never trained on
 LOGIT_SCALE = 8.0  # lm_head x 8: a few likely tokens per position (a random model's distribution is flat)
-SAMPLED = {"temperature": 0.6, "top_p": 0.95, "samples": 2}  # the setting the demo's sets are also sampled at
+TEMPERATURE, TOP_P, SAMPLES = 0.6, 0.95, 2  # the setting the demo's sets are also sampled at
 
 
 def _say(msg: str) -> None:
@@ -172,11 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         specs = [{"text": t, "name": t, "sets": ["code" if i in CODE else "prose"]} for i, t in enumerate(TEXTS)]
         registered = client.register(specs, max_new_tokens=args.new_tokens)
         ids = [r.prompt_id for r in registered]
-        sampled = client.register(specs, generate=GenerateSpec(max_new_tokens=args.new_tokens, **SAMPLED))
+        generate = GenerateSpec(max_new_tokens=args.new_tokens, temperature=TEMPERATURE, top_p=TOP_P, samples=SAMPLES)
+        sampled = client.register(specs, generate=generate)
         client.wait_ready(ids + [r.prompt_id for r in sampled], timeout_s=300)
         print(
             f"{len(ids)} prompts registered; the target generated {args.new_tokens}-token greedy responses, "
-            f"and {len(sampled)} sampled at T = {SAMPLED['temperature']}, top-p {SAMPLED['top_p']}"
+            f"and {len(sampled)} sampled at T = {TEMPERATURE}, top-p {TOP_P}"
         )
         counts = ", ".join(f"{s.name} {s.ready}/{s.total} ready" for s in client.sets().sets)
         print(f"prompt sets (GET /sets): {counts}")

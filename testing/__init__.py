@@ -1,13 +1,15 @@
 """What the tests, the demo and the benchmarks share: real servers on loopback and the ground truths
 they are checked against. Not installed with the package; run from the repository root.
 
-- Ground truths: the live speculative loops (`live_loop.py`, `eagle3_live_loop.py`), every anchor
+- Ground truths: the live speculative loops (`live_loop.py`, `eagle3_live_loop.py`), speculative
+  sampling at T > 0 as vLLM's rejection sampler does it (`speculative_sampling.py`), every anchor
   drafted (`all_anchor.py`), taps taken in-process with the server's hooks (`taps.py`), tensors
   between the wire and torch (`tensors.py`).
 - Drafters and checkpoints: the tiny DFlash trainer (`tiny_trainer.py`), EAGLE-3 drafters
   (`eagle3.py`), checkpoint writers (`checkpoints.py`), the peers' own writers run in their virtual
   environment (`peer_checkpoints.py`, driven by `peers.py`).
 - Servers: `cache-server serve` and bench servers (`servers.py`), several on one store (`fleet.py`),
-  vLLM (`engine.py`), Postgres (`postgres.py`), moto's S3 (`s3.py`), headless Chromium (`browser.py`),
-  a Docker engine and the images (`docker.py`).
+  vLLM (`engine.py`), a lossless speculative-sampling test engine with vLLM's API (`spec_engine.py`),
+  Postgres (`postgres.py`), moto's S3 (`s3.py`), headless Chromium (`browser.py`), a Docker engine and
+  the images (`docker.py`).
 """

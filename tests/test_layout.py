@@ -131,7 +131,7 @@ FAMILY_FILES = {
     "eval_worker/families.py",
     *(f"eval_worker/drafters/{n}.py" for n in ("dflash", "dflash_config", "eagle3", "eagle3_config", "layers")),
     *(f"eval_worker/checkpoints/{n}.py" for n in ("dflash", "dflash_layout", "eagle3", "eagle3_layouts", "loaded")),
-    *(f"eval_worker/evaluation/{n}_walks.py" for n in ("dflash", "eagle3")),
+    *(f"eval_worker/evaluation/{n}_{kind}.py" for n in ("dflash", "eagle3") for kind in ("walks", "probabilistic")),
 }
 FAMILY_CLASSES = ("DFlashDrafter", "DFlashConfig", "Eagle3Drafter", "Eagle3Config")
 

@@ -1,5 +1,6 @@
-"""Evaluate drafter checkpoints over cached prompts: chain tau, and tree tau (DDTree budgets for
-DFlash, EAGLE's dynamic trees for EAGLE-3).
+"""Evaluate drafter checkpoints over cached prompts: chain tau, tree tau (DDTree budgets for DFlash,
+EAGLE's dynamic trees for EAGLE-3) on greedy responses, and under probabilistic drafting the expected
+tau of every response (`prompt_walks.py`).
 
 Features and heads come from an injected `FeatureSource`; every check happens before any math. The
 checkpoints of a sweep that read the same layers share one pass over the prompts: each prompt's
@@ -8,14 +9,12 @@ features are fetched once (or found resident in the `FeatureCache`) and walked b
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import torch
 from tqdm import tqdm
 
 from cache_server.torch_utils import dtype_name
@@ -25,10 +24,11 @@ from eval_worker.evaluation.checks import check_features, check_heads
 from eval_worker.evaluation.feature_cache import FeatureCache, Fetched
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
+from eval_worker.evaluation.prompt_walks import DeviceHeads, fetch_layers, split_last, walk_checkpoint
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
 from eval_worker.families import FAMILIES
-from eval_worker.scoring.summary import by_set, round_taus, summarize_set
+from eval_worker.scoring.summary import by_set, summarize_set
 from schemas.model import ModelInfo
 from schemas.report import EvalCost, EvalReport, EvalSeconds, EvalSummary, PromptEval
 from schemas.storage import describe_storage
@@ -94,9 +94,9 @@ def evaluate_many(
     info = source.model()
     for checkpoint in checkpoints:
         check_fits_target(checkpoint, info)
-    heads = heads_cache.get(source, info.fingerprint)
-    check_heads(heads, info)
-    embed, lm_head = (t.to(opts.device, opts.dtype) for t in heads.to_torch())
+    served = heads_cache.get(source, info.fingerprint)
+    check_heads(served, info)
+    heads = DeviceHeads.of(served, opts)
     cache = features if features is not None else FeatureCache(0)
     cache.use_target(info.fingerprint)
     sets = set_members if set_members is not None else [{} for _ in checkpoints]
@@ -107,7 +107,7 @@ def evaluate_many(
         groups.setdefault(run.checkpoint.target_layer_ids, []).append(run)
     for layers, group in groups.items():
         _log_layers(info, layers, group)
-        _evaluate_group(source, cache, list(layers), group, embed, lm_head, info.fingerprint, opts)
+        _evaluate_group(source, cache, list(layers), group, heads, info, opts)
     return [_report(run, info, opts) for run in runs]
 
 
@@ -129,9 +129,8 @@ def _evaluate_group(
     cache: FeatureCache,
     layers: list[int],
     group: list[_Run],
-    embed: torch.Tensor,
-    lm_head: torch.Tensor,
-    fingerprint: str,
+    heads: DeviceHeads,
+    info: ModelInfo,
     opts: EvalOptions,
 ) -> None:
     """One pass over the union of the group's prompts: fetch each once, walk it with every checkpoint."""
@@ -139,7 +138,7 @@ def _evaluate_group(
     union = list(dict.fromkeys(p for run in group for p in run.prompt_ids))
     chunk: list[Fetched] = []
     tokens = 0
-    fetched = cache.iterate(source, union, layers)
+    fetched = cache.iterate(source, union, fetch_layers(layers, info.num_layers, opts))
     for item in tqdm(fetched, total=len(union), desc="eval", unit="prompt", disable=not opts.progress):
         readers = [run for run, ids in zip(group, wanted, strict=True) if item.prompt_id in ids]
         for i, run in enumerate(readers):  # the first reader pays for the fetch; the rest find it resident
@@ -151,67 +150,36 @@ def _evaluate_group(
         chunk.append(item)
         tokens += len(item.features.token_ids)
         if tokens >= opts.group_tokens:
-            _walk_chunk(chunk, group, wanted, embed, lm_head, fingerprint, opts)
+            _walk_chunk(chunk, group, wanted, layers, heads, info, opts)
             chunk, tokens = [], 0
     if chunk:
-        _walk_chunk(chunk, group, wanted, embed, lm_head, fingerprint, opts)
+        _walk_chunk(chunk, group, wanted, layers, heads, info, opts)
 
 
 def _walk_chunk(
     chunk: list[Fetched],
     group: list[_Run],
     wanted: list[set[str]],
-    embed: torch.Tensor,
-    lm_head: torch.Tensor,
-    fingerprint: str,
+    layers: list[int],
+    heads: DeviceHeads,
+    info: ModelInfo,
     opts: EvalOptions,
 ) -> None:
-    # On the drafter's device and dtype once, for every checkpoint of the group.
+    # The drafter's taps apart from the target's last layer (fetched too for probabilistic drafting),
+    # on the drafter's device and dtype once, for every checkpoint of the group.
+    split = {item.prompt_id: split_last(item.features, layers, info.num_layers - 1) for item in chunk}
     ready = {
-        item.prompt_id: PromptFeatures(
-            item.features.hidden.to(opts.device, opts.dtype),
-            item.features.token_ids.tolist(),
-            item.features.metadata.prompt_len,
-        )
-        for item in chunk
+        pid: PromptFeatures(f.hidden.to(opts.device, opts.dtype), f.token_ids.tolist(), f.metadata.prompt_len)
+        for pid, (f, _) in split.items()
     }
     for run, ids in zip(group, wanted, strict=True):
-        mine = [item for item in chunk if item.prompt_id in ids]
-        for item in mine:
-            check_features(item.features, item.prompt_id, fingerprint, run.checkpoint)
-        # Trees are walked on greedy responses only; a sampled one gets the chain (exact at any T).
-        for sampled in (False, True):
-            part = [item for item in mine if (item.features.metadata.sampling is not None) == sampled]
-            if part:
-                _walk_part(run, part, [ready[item.prompt_id] for item in part], embed, lm_head, opts, sampled)
-
-
-def _walk_part(
-    run: _Run,
-    items: list[Fetched],
-    prompts: list[PromptFeatures],
-    embed: torch.Tensor,
-    lm_head: torch.Tensor,
-    opts: EvalOptions,
-    sampled: bool,
-) -> None:
-    family = FAMILIES[run.checkpoint.family]
-    walked = family.walk(run.checkpoint, prompts, embed, lm_head, opts.chain_only if sampled else opts, run.cost)
-    for item, prompt, rounds in zip(items, prompts, walked, strict=True):
-        meta = item.features.metadata
-        run.results[item.prompt_id] = PromptEval(
-            prompt_id=item.prompt_id,
-            prompt_len=prompt.prompt_len,
-            num_tokens=len(prompt.token_ids),
-            chain=round_taus(rounds.chain),
-            trees=rounds.trees,
-            eagle_trees=rounds.eagle_trees,
-            greedy_mismatches=meta.greedy_mismatches,
-            generator=meta.generator,
-            sampling=meta.sampling_params,
-            outside_support=meta.outside_support,
-            prompt_sha256=hashlib.sha256(str(prompt.token_ids[: prompt.prompt_len]).encode()).hexdigest()[:16],
-        )
+        mine = [item.prompt_id for item in chunk if item.prompt_id in ids]
+        for pid in mine:
+            check_features(split[pid][0], pid, info.fingerprint, run.checkpoint)
+        if mine:
+            features, lasts = [split[p][0] for p in mine], [split[p][1] for p in mine]
+            prompts = [ready[p] for p in mine]
+            run.results |= walk_checkpoint(run.checkpoint, mine, prompts, features, lasts, heads, opts, run.cost)
 
 
 def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
