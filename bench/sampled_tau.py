@@ -23,11 +23,7 @@ from schemas.prompts import GenerateSpec
 from schemas.report import EvalReport
 from testing.servers import running_server
 
-SETTINGS = {
-    "T=0": {},
-    "T=0.6 top_p=0.95": {"temperature": 0.6, "top_p": 0.95},
-    "T=1 top_p=0.95": {"temperature": 1.0, "top_p": 0.95},
-}
+SETTINGS = {"T=0": 0.0, "T=0.6 top_p=0.95": 0.6, "T=1 top_p=0.95": 1.0}  # top-p 0.95 at T > 0
 
 
 def evaluate(url: str, checkpoint: Path, ids: list[str], out: Path, drafting: str) -> tuple[EvalReport, float]:
