@@ -5,7 +5,8 @@ Run from the repository root after `./dev demo`: `.venv/bin/python -m bench.samp
 A real server over the demo's target (a fresh store) registers the demo's prompts with responses
 greedy (T = 0) and sampled at T = 0.6 and T = 1.0 (top-p 0.95, `--samples` each); every demo
 checkpoint is evaluated over each setting's prompts with `--draft-sampling probabilistic` (the chain walk
-is greedy drafting; the expectation is probabilistic drafting), timed against a greedy-only evaluation.
+is greedy drafting; the expectation is probabilistic drafting), and what each costs in drafted blocks
+(drafter forwards of one anchor) beside a greedy-only evaluation.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ SETTINGS = {"T=0": 0.0, "T=0.6 top_p=0.95": 0.6, "T=1 top_p=0.95": 1.0}  # top-p
 
 
 def evaluate(url: str, checkpoint: Path, ids: list[str], out: Path, drafting: str) -> tuple[EvalReport, float]:
-    """The checkpoint's report over `ids` (chain only: trees are measured at T = 0 alone), and its seconds."""
+    """The checkpoint's report over `ids` (the chain: trees are measured at T = 0 alone), and its seconds."""
     argv = ["evaluate", str(checkpoint), "--server", url, "--prompts", ",".join(ids), "--device", "cpu"]
     started = time.perf_counter()
     if eval_worker([*argv, "--draft-sampling", drafting, "--out", str(out)]) != 0:
@@ -58,17 +59,18 @@ def main() -> None:
         client.wait_ready([pid for group in ids.values() for pid in group], timeout_s=900)
         print(f"{len(TEXTS)} prompts x {args.new_tokens} tokens; {args.samples} samples per prompt at T > 0\n")
         head = f"{'checkpoint':<18} {'setting':<18} {'chain (greedy drafting)':>24} {'probabilistic drafting':>24}"
-        print(head + f" {'s greedy':>9} {'s both':>7}")
+        print(head + f" {'blocks':>9} {'blocks':>9}")  # drafter forwards: greedy drafting alone, and both
         for ckpt in checkpoints:
             for name, group in ids.items():
-                out = work / f"{ckpt.name}-{name.replace(' ', '_')}"
-                _, greedy_s = evaluate(url, ckpt, group, out.with_suffix(".greedy.json"), "greedy")
-                report, both_s = evaluate(url, ckpt, group, out.with_suffix(".json"), "probabilistic")
+                out = f"{ckpt.name}-{name.replace(' ', '_')}"
+                greedy, _ = evaluate(url, ckpt, group, work / f"{out}-greedy.json", "greedy")
+                report, _ = evaluate(url, ckpt, group, work / f"{out}-probabilistic.json", "probabilistic")
                 chain, prob = report.summary.chain, report.summary.probabilistic
                 expected = _cell(prob.mean_tau, prob.stderr) if prob is not None else "-"
+                blocks = [r.summary.cost.drafted_blocks if r.summary.cost else 0 for r in (greedy, report)]
                 print(
                     f"{ckpt.name:<18} {name:<18} {_cell(chain.mean_tau, chain.stderr):>24} {expected:>24} "
-                    f"{greedy_s:>9.1f} {both_s:>7.1f}"
+                    f"{blocks[0]:>9} {blocks[1]:>9}"
                 )
 
 

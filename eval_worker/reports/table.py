@@ -40,6 +40,8 @@ def _by_sampling(s: SetSummary) -> list[str]:
     """One block per sampling setting of the responses, when any was sampled (T > 0)."""
     if set(s.by_sampling) <= {GREEDY_SETTING}:
         return []
+    if len(s.by_sampling) == 1:
+        return ["", f"every response sampled at {next(iter(s.by_sampling))}"]
     lines = ["", "by sampling setting of the responses (chain: greedy drafting; probabilistic: expected)"]
     for setting, summary in s.by_sampling.items():
         lines += [f"  {setting}", *("  " + line for line in _rows(summary))]

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
+from schemas.prompts import GenerateSpec
 from testing.engine import VllmServer, vllm_python
 from testing.servers import free_port, running_server, server_metric
 from testing.taps import greedy_continuation
@@ -104,6 +105,26 @@ def test_a_given_response_the_target_would_not_choose_shows_in_the_set(
         (counts,) = client.sets().sets
         assert counts.greedy_mismatches == state.greedy_mismatches and counts.greedy_mismatches > 0
         assert counts.prompts_not_greedy == 1
+
+
+def test_sampled_responses_through_the_engine_reproduce_by_seed_and_stay_in_the_targets_support(
+    engine: VllmServer, engine_target: Path, tmp_path: Path
+) -> None:
+    """The engine gets the setting and each sample's seed: the same seed gives the same response from a
+    second server on another store, another seed another response; every token is in the target's top-k."""
+    setting = GenerateSpec(max_new_tokens=24, temperature=1.0, top_k=20, seed=11, samples=2)
+    responses = []
+    for store in ("a", "b"):
+        with _served(engine_target, tmp_path / store, engine) as url, CacheClient(url) as client:
+            ids = [p.prompt_id for p in client.register([{"text": t} for t in TEXTS[:3]], generate=setting)]
+            client.wait_ready(ids, timeout_s=300)
+            states = [client.prompt(pid) for pid in ids]
+            for state in states:
+                assert state.generator == client.model().generator and state.outside_support == 0
+                assert state.sampling is not None and state.sampling.setting == "T=1 top_k=20"
+            responses.append([s.token_ids for s in states])
+    assert responses[0] == responses[1]  # seeds 11 and 12 of each prompt, on two servers
+    assert all(responses[0][i] != responses[0][i + 1] for i in (0, 2, 4))  # two seeds, two responses
 
 
 def test_an_engine_serving_another_model_refuses_the_start(
