@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from typing import TYPE_CHECKING
 
 from eval_worker.commands import connect
@@ -15,12 +16,19 @@ if TYPE_CHECKING:
 
 
 def parity(args: argparse.Namespace, settings: EvaluateSettings) -> int:
-    """Each prompt alone on the engine beside its offline chain rounds; 0 when every prompt agrees."""
+    """Each prompt alone on the engine beside its offline chain rounds (at T > 0: its sampled outputs,
+    after the probe); 0 when every prompt agrees, 7 with one line when the engine is not lossless."""
     from eval_worker.parity.engine import VllmEngine
-    from eval_worker.parity.run import format_parity, run_parity
+    from eval_worker.parity.options import sampling_of
+    from eval_worker.parity.probe import ProbeOptions
+    from eval_worker.parity.report import RunSetting
+    from eval_worker.parity.run import run_parity
+    from eval_worker.parity.table import format_parity
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    setting = RunSetting(sampling_of(args), args.samples, args.draft_sampling)
+    probe = ProbeOptions(temperature=args.probe_temperature, prompts=args.probe_prompts)
     with contextlib.closing(VllmEngine(args.engine)) as engine, connect(settings) as client:
         report = run_parity(
             client,
@@ -31,12 +39,17 @@ def parity(args: argparse.Namespace, settings: EvaluateSettings) -> int:
             limit=args.limit,
             config_path=args.config,
             mask_token_id=args.mask_token_id,
+            setting=setting,
+            probe=probe,
         )
-    print(format_parity(report))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(report.model_dump_json(indent=1))
-    return ExitCode.ok if report.agreeing == len(report.prompts) else ExitCode.disagrees
+    if report.probe is not None and report.probe.lossless is False:
+        print(f"eval-worker: {report.probe.reason}", file=sys.stderr)
+        return ExitCode.not_lossless
+    print(format_parity(report))
+    return ExitCode.ok if report.agrees else ExitCode.disagrees
 
 
 def doctor(args: argparse.Namespace, settings: EvaluateSettings) -> int:

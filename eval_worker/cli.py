@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from eval_worker import checkpoint_commands, commands
 from eval_worker.cli_options import command, config_args, job_options
 from eval_worker.exit_codes import ExitCode, exit_codes_line
+from eval_worker.parity.options import add_parity_options
 from eval_worker.settings import (
     ConnectionSettings,
     EvaluateSettings,
@@ -73,15 +74,8 @@ def _parser() -> argparse.ArgumentParser:
         EvaluateSettings,
         positional="checkpoint",
     )
-    par.add_argument(
-        "--engine",
-        required=True,
-        help="URL of a vLLM serving the target with this checkpoint as its speculative config",
-    )
-    par.add_argument("--set", dest="sets", action="append", help="the prompts of this set (repeatable; default: all)")
-    par.add_argument("--limit", type=int, help="the first N of those prompts")
+    add_parity_options(par)
     config_args(par)
-    par.add_argument("--out", type=Path, help="write the JSON report (ParityReport) here")
 
     doc = command(
         sub,

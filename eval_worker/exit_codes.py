@@ -16,6 +16,7 @@ class ExitCode(IntEnum):
     server = 5  # the server refused the request or served data that does not fit
     job_failed = 6  # `submit --wait`: the job failed
     engine = 7  # `parity`: the engine is unreachable, serves another model or no speculative config
+    not_lossless = 7  # `parity` at T > 0: the probe found the engine's speculative sampling lossy (unfit too)
 
 
 MEANINGS = {
@@ -26,7 +27,7 @@ MEANINGS = {
     ExitCode.unreachable: "server unreachable",
     ExitCode.server: "server error or mismatched data",
     ExitCode.job_failed: "job failed",
-    ExitCode.engine: "engine unfit for parity",
+    ExitCode.engine: "engine unfit for parity (or not lossless at T > 0)",
 }
 
 

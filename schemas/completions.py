@@ -39,13 +39,6 @@ def completion_body(
     return body
 
 
-def greedy_completion(
-    model: str, prompt_ids: Sequence[int], max_tokens: int, stop_token_ids: Sequence[int] = ()
-) -> dict[str, Any]:
-    """The greedy `completion_body`."""
-    return completion_body(model, prompt_ids, max_tokens, stop_token_ids)
-
-
 def completion_token_ids(answer: Mapping[str, Any]) -> list[int] | None:
     """The generated token ids of a completions answer; None when it carries none."""
     choices = answer.get("choices")

@@ -20,7 +20,7 @@ from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
 from eval_worker.families import FAMILIES
 from eval_worker.scoring.summary import round_taus
-from schemas.report import PromptEval
+from schemas.report import ExpectedRounds, PromptEval
 from schemas.sampling import GREEDY
 
 
@@ -123,12 +123,30 @@ def _add_expected(
     cost: DraftCost,
     out: dict[str, PromptEval],
 ) -> None:
-    if heads.final_norm is None or any(last is None for last in lasts):  # fetch_layers and DeviceHeads.of see to it
+    # A greedy response's expectation is its chain walk (the drafts are one-hot and so is p_T: every
+    # acceptance is 0 or 1; tested equal bit for bit), so only sampled ones draft at every anchor.
+    for pid, f in zip(ids, features, strict=True):
+        if f.metadata.sampling is None:
+            taus = out[pid].chain.round_taus
+            exact = ExpectedRounds(rounds=len(taus), accepted=sum(taus) - len(taus), mean_tau=out[pid].chain.mean)
+            out[pid] = out[pid].model_copy(update={"probabilistic": exact})
+    sampled = [i for i, f in enumerate(features) if f.metadata.sampling is not None]
+    if not sampled:
+        return
+    if heads.final_norm is None or any(lasts[i] is None for i in sampled):  # fetch_layers and DeviceHeads.of
         raise RuntimeError("probabilistic drafting without the target's last layer or final norm")
-    rows = [last.to(opts.device) for last in lasts if last is not None]
-    sampling = [f.metadata.sampling_params or GREEDY for f in features]
+    rows = [last.to(opts.device) for i in sampled if (last := lasts[i]) is not None]
+    sampling = [features[i].metadata.sampling_params or GREEDY for i in sampled]
     expected = FAMILIES[checkpoint.family].expected(
-        checkpoint, prompts, rows, sampling, heads.embed, heads.lm_head, heads.final_norm, opts, cost
+        checkpoint,
+        [prompts[i] for i in sampled],
+        rows,
+        sampling,
+        heads.embed,
+        heads.lm_head,
+        heads.final_norm,
+        opts,
+        cost,
     )
-    for pid, rounds in zip(ids, expected, strict=True):
-        out[pid] = out[pid].model_copy(update={"probabilistic": rounds})
+    for i, rounds in zip(sampled, expected, strict=True):
+        out[ids[i]] = out[ids[i]].model_copy(update={"probabilistic": rounds})

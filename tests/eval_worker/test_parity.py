@@ -148,3 +148,23 @@ def test_a_checkpoint_reading_other_layers_than_the_served_one_is_caught(
     assert code == ExitCode.disagrees and report.agreeing < len(report.prompts)
     assert report.offline_tau is not None and report.live_tau is not None and report.offline_tau < report.live_tau
     assert any("offline" in p.why and not p.agrees for p in report.prompts)
+
+
+def test_the_probe_finds_vllm_cpu_speculative_sampling_not_lossless(
+    setup: tuple[str, str, Path, DFlashDrafter], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """REFERENCE s.15: vllm-cpu 0.32's output at a tiny temperature leaves the target's distribution, and
+    parity at T > 0 refuses it (exit 7, one line) before comparing anything. Measured here: its default
+    CPU sampler (fp32 Gumbel noise) already outputs the prefill's token 481 at T = 0.001 where the target's
+    two best logits are 0.016 apart (p_T 1.3e-7; plain vLLM without drafts too, 2 seeds of 4); started
+    with --use-fp64-gumbel it leaves at position 1, a speculative round (p_T e^-4362)."""
+    engine, server, served, _ = setup
+    out = tmp_path / "parity.json"
+    argv = ["parity", str(served), "--engine", engine, "--server", server, "--device", "cpu", "--out", str(out)]
+    capsys.readouterr()
+    code = main([*argv, "--temperature", "1", "--seed", "0"])
+    printed, err = capsys.readouterr()
+    report = ParityReport.model_validate_json(out.read_text())
+    print(err)
+    assert code == ExitCode.not_lossless and printed == "" and len(err.splitlines()) == 1 and "not lossless" in err
+    assert report.probe is not None and report.probe.lossless is False and report.prompts == []
