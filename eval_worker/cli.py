@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from eval_worker import checkpoint_commands, commands
-from eval_worker.cli_options import command, config_args, job_options
+from eval_worker.cli_options import command, config_args, job_options, sampling_options
 from eval_worker.exit_codes import ExitCode, exit_codes_line
 from eval_worker.parity.options import add_parity_options
 from eval_worker.settings import (
@@ -172,12 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     thinking.add_argument("--disable-thinking", dest="enable_thinking", action="store_false")
     add.add_argument("--max-new-tokens", type=int, default=2048, help="response length (2048)")
-    add.add_argument("--temperature", type=float, default=0.0, help="sample responses at T (default 0: greedy)")
-    add.add_argument("--top-p", type=float, default=1.0, help="nucleus filter of the sampling (default 1: off)")
-    add.add_argument("--top-k", type=int, default=0, help="top-k filter of the sampling (default 0: off)")
-    add.add_argument("--min-p", type=float, default=0.0, help="min-p filter of the sampling (default 0: off)")
-    add.add_argument("--samples", type=int, default=1, help="responses per prompt, sample i seeded seed + i")
-    add.add_argument("--seed", type=int, default=0, help="the first sample's seed (default 0)")
+    sampling_options(add)
     add.add_argument("--limit", type=int, help="register at most N prompts (after --shuffle-seed)")
     add.add_argument("--shuffle-seed", type=int, help="shuffle the rows with this seed first")
     add.add_argument("--suffix", default="", help="appended to every prompt (e.g. gsm8k's 'Please reason ...')")

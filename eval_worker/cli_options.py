@@ -77,6 +77,16 @@ def job_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def sampling_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """How responses are sampled from the target (`GenerateSpec`'s fields): greedy by default."""
+    p.add_argument("--temperature", type=float, default=0.0, help="sample at T (default 0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus filter (default 1: off)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k filter (default 0: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="min-p filter (default 0: off)")
+    p.add_argument("--seed", type=int, default=0, help="the first sample's seed (default 0)")
+    p.add_argument("--samples", type=int, default=1, help="responses per prompt, sample i seeded seed + i (default 1)")
+
+
 def _settings_from(parser: argparse.ArgumentParser, cls: type[S]) -> Callable[[argparse.Namespace], S]:
     """Add `cls`'s fields to `parser` as options; returns how to build the settings from parsed args."""
     source: CliSettingsSource[S] = CliSettingsSource(cls, root_parser=parser)

@@ -12,10 +12,9 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 import torch
@@ -199,38 +198,8 @@ def create_app(engine: SpecCompletions) -> FastAPI:
     return app
 
 
-class SpecEngine:
-    """`SpecCompletions` served on a free loopback port while the context is open (`.url` inside it)."""
-
-    def __init__(
-        self,
-        target_dir: Path,
-        drafter: LoadedCheckpoint | DFlashDrafter | Eagle3Drafter,
-        *,
-        k: int,
-        layer_ids: Sequence[int] | None = None,
-        draft_sampling: DraftSampling = "greedy",
-        lossless: bool = True,
-    ) -> None:
-        self.engine = SpecCompletions(
-            target_dir, drafter, k=k, layer_ids=layer_ids, draft_sampling=draft_sampling, lossless=lossless
-        )
-        self._stack = ExitStack()
-        self._url: str | None = None
-
-    @property
-    def url(self) -> str:
-        """The base URL, while serving."""
-        if self._url is None:
-            raise RuntimeError("the engine is not serving: use it as a context manager")
-        return self._url
-
-    def __enter__(self) -> SpecEngine:
-        self._url = self._stack.enter_context(serving_app(create_app(self.engine)))
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self._url = None
-        self._stack.close()
+@contextmanager
+def spec_engine(engine: SpecCompletions) -> Iterator[str]:
+    """`engine` served on a free loopback port: its base URL while the context is open."""
+    with serving_app(create_app(engine)) as url:
+        yield url

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from eval_worker.cli_options import sampling_options
 from schemas.sampling import DRAFT_SAMPLING, SamplingParams
 
 PROBE_TEMPERATURE = 1e-3  # the probe's default (eval_worker.parity.probe): kept here so that --help loads no torch
@@ -23,12 +24,7 @@ def add_parity_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="the first N of those prompts")
     p.add_argument("--out", type=Path, help="write the JSON report (ParityReport) here")
     s = p.add_argument_group("sampling (T > 0: the engine's sampled outputs, registered and walked offline)")
-    s.add_argument("--temperature", type=float, default=0.0, help="sample at T (default 0: greedy)")
-    s.add_argument("--top-p", type=float, default=1.0, help="nucleus filter (default 1: off)")
-    s.add_argument("--top-k", type=int, default=0, help="top-k filter (default 0: off)")
-    s.add_argument("--min-p", type=float, default=0.0, help="min-p filter (default 0: off)")
-    s.add_argument("--seed", type=int, default=0, help="the first sample's seed (default 0)")
-    s.add_argument("--samples", type=int, default=1, help="requests per prompt, sample i seeded seed + i (default 1)")
+    sampling_options(s)
     s.add_argument(
         "--draft-sampling",
         choices=DRAFT_SAMPLING,

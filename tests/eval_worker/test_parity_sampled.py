@@ -28,7 +28,7 @@ from schemas.report import ExpectedRounds
 from schemas.sampling import SamplingParams
 from testing.checkpoints import save_hf_checkpoint
 from testing.servers import running_server
-from testing.spec_engine import SpecEngine
+from testing.spec_engine import SpecCompletions, spec_engine
 from tests.eval_worker.helpers import BLOCK_SIZE, HELD_OUT_TEXTS, LAYER_IDS, NEW_TOKENS, TRAIN_TEXTS
 
 pytestmark = pytest.mark.slow
@@ -67,22 +67,22 @@ def server(tmp_path_factory: pytest.TempPathFactory, peaked_target: Path) -> Ite
         yield url
 
 
-def _engine(target: Path, checkpoint: Path, server: str, **kwargs: object) -> SpecEngine:
+def _engine(target: Path, checkpoint: Path, server: str, **kwargs: object) -> SpecCompletions:
     with CacheClient(server) as client:
         loaded = load_checkpoint(checkpoint, client.model())
-    return SpecEngine(target, loaded, k=K, **kwargs)  # type: ignore[arg-type]
+    return SpecCompletions(target, loaded, k=K, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
 def engine(peaked_target: Path, checkpoints: tuple[Path, Path], server: str) -> Iterator[str]:
-    with _engine(peaked_target, checkpoints[0], server) as served:
-        yield served.url
+    with spec_engine(_engine(peaked_target, checkpoints[0], server)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def probabilistic_engine(peaked_target: Path, checkpoints: tuple[Path, Path], server: str) -> Iterator[str]:
-    with _engine(peaked_target, checkpoints[0], server, draft_sampling="probabilistic") as served:
-        yield served.url
+    with spec_engine(_engine(peaked_target, checkpoints[0], server, draft_sampling="probabilistic")) as url:
+        yield url
 
 
 def _parity(engine: str, server: str, checkpoint: Path, out: Path, *options: str) -> tuple[int, ParityReport]:
@@ -156,9 +156,9 @@ def test_a_checkpoint_read_one_layer_off_fails_both(
 def test_a_lossy_engine_is_refused_by_the_probe(
     peaked_target: Path, server: str, checkpoints: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with _engine(peaked_target, checkpoints[0], server, lossless=False) as lossy:
+    with spec_engine(_engine(peaked_target, checkpoints[0], server, lossless=False)) as lossy:
         capsys.readouterr()  # the engine's own loading output
-        code, report = _parity(lossy.url, server, checkpoints[0], tmp_path / "p.json", "--temperature", "1")
+        code, report = _parity(lossy, server, checkpoints[0], tmp_path / "p.json", "--temperature", "1")
     out, err = capsys.readouterr()
     print(err)
     assert code == ExitCode.not_lossless and out == "" and len(err.splitlines()) == 1

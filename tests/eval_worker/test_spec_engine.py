@@ -22,7 +22,7 @@ from schemas.model import ModelInfo
 from testing.all_anchor import all_anchor_taus
 from testing.checkpoints import save_hf_checkpoint
 from testing.live_loop import target_heads
-from testing.spec_engine import VERSION, SpecEngine
+from testing.spec_engine import VERSION, SpecCompletions, spec_engine
 from testing.tiny_trainer import Sequences
 from tests.eval_worker.helpers import BLOCK_SIZE, LAYER_IDS, NEW_TOKENS
 
@@ -42,15 +42,15 @@ def checkpoint(
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_target: Path, checkpoint: LoadedCheckpoint) -> Iterator[SpecEngine]:
-    with SpecEngine(tiny_target, checkpoint, k=K) as served:
-        yield served
+def engine(tiny_target: Path, checkpoint: LoadedCheckpoint) -> Iterator[str]:
+    with spec_engine(SpecCompletions(tiny_target, checkpoint, k=K)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
-def lossy_engine(tiny_target: Path, trained_drafter: DFlashDrafter) -> Iterator[SpecEngine]:
-    with SpecEngine(tiny_target, trained_drafter, k=K, layer_ids=LAYER_IDS, lossless=False) as served:
-        yield served
+def lossy_engine(tiny_target: Path, trained_drafter: DFlashDrafter) -> Iterator[str]:
+    with spec_engine(SpecCompletions(tiny_target, trained_drafter, k=K, layer_ids=LAYER_IDS, lossless=False)) as url:
+        yield url
 
 
 def per_position(url: str) -> list[float]:
@@ -67,12 +67,12 @@ def complete(url: str, prompt: list[int], **fields: Any) -> dict[str, Any]:
 
 
 def test_parity_reads_it_and_its_greedy_rounds_are_the_offline_walks(
-    engine: SpecEngine, tiny_target: Path, target: Any, trained_drafter: DFlashDrafter, sequences: Sequences
+    engine: str, tiny_target: Path, target: Any, trained_drafter: DFlashDrafter, sequences: Sequences
 ) -> None:
-    vllm = VllmEngine(engine.url)
+    vllm = VllmEngine(engine)
     assert (vllm.model, vllm.version, vllm.speculative_tokens()) == (tiny_target.name, VERSION, K)
     embed, lm_head = target_heads(target)
-    positions_before, accepted_before = per_position(engine.url), vllm.counters().accepted
+    positions_before, accepted_before = per_position(engine), vllm.counters().accepted
     for i, (ids, taps, n) in enumerate(zip(sequences.token_ids, sequences.taps, sequences.prompt_lens, strict=True)):
         before = vllm.counters()
         response = vllm.greedy(ids[:n].tolist(), NEW_TOKENS)
@@ -81,26 +81,26 @@ def test_parity_reads_it_and_its_greedy_rounds_are_the_offline_walks(
         offline = all_anchor_taus(trained_drafter, taps, ids.tolist(), n, (), embed, lm_head)[CHAIN]
         verdict = compare_prompt(str(i), ids[n:].tolist(), response, offline, live, K)
         assert verdict.agrees and live.drafts == len(offline), verdict.why
-    positions = [after - b for after, b in zip(per_position(engine.url), positions_before, strict=True)]
+    positions = [after - b for after, b in zip(per_position(engine), positions_before, strict=True)]
     assert positions == sorted(positions, reverse=True)  # position i accepted only after position i-1
     assert sum(positions) == vllm.counters().accepted - accepted_before > 0
     vllm.close()
 
 
-def test_a_seed_reproduces_its_sample(engine: SpecEngine, sequences: Sequences) -> None:
+def test_a_seed_reproduces_its_sample(engine: str, sequences: Sequences) -> None:
     prompt = sequences.token_ids[0][: sequences.prompt_lens[0]].tolist()
-    first = complete(engine.url, prompt, temperature=1.0, seed=7)
-    assert complete(engine.url, prompt, temperature=1.0, seed=7)["token_ids"] == first["token_ids"]
-    assert complete(engine.url, prompt, temperature=1.0, seed=8)["token_ids"] != first["token_ids"]
+    first = complete(engine, prompt, temperature=1.0, seed=7)
+    assert complete(engine, prompt, temperature=1.0, seed=7)["token_ids"] == first["token_ids"]
+    assert complete(engine, prompt, temperature=1.0, seed=8)["token_ids"] != first["token_ids"]
     assert first["token_ids"] != sequences.token_ids[0][sequences.prompt_lens[0] :].tolist()
     assert len(first["token_ids"]) == NEW_TOKENS and first["finish_reason"] == "length"
 
 
-def test_a_stop_token_ends_the_output(engine: SpecEngine, sequences: Sequences) -> None:
+def test_a_stop_token_ends_the_output(engine: str, sequences: Sequences) -> None:
     n = sequences.prompt_lens[0]
     greedy = sequences.token_ids[0][n:].tolist()
     stop = greedy[5]
-    choice = complete(engine.url, sequences.token_ids[0][:n].tolist(), temperature=0.0, stop_token_ids=[stop])
+    choice = complete(engine, sequences.token_ids[0][:n].tolist(), temperature=0.0, stop_token_ids=[stop])
     assert choice["token_ids"] == greedy[: greedy.index(stop) + 1]
     assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", stop)
 
@@ -111,11 +111,11 @@ TINY_T = 1e-4
 
 
 def test_only_the_lossy_engine_leaves_the_greedy_path_at_a_tiny_temperature(
-    engine: SpecEngine, lossy_engine: SpecEngine, sequences: Sequences
+    engine: str, lossy_engine: str, sequences: Sequences
 ) -> None:
     for i, (ids, n) in enumerate(zip(sequences.token_ids, sequences.prompt_lens, strict=True)):
         prompt, greedy = ids[:n].tolist(), ids[n:].tolist()
-        assert complete(engine.url, prompt, temperature=TINY_T, seed=i)["token_ids"] == greedy
-        lossy = complete(lossy_engine.url, prompt, temperature=TINY_T, seed=i)["token_ids"]
+        assert complete(engine, prompt, temperature=TINY_T, seed=i)["token_ids"] == greedy
+        lossy = complete(lossy_engine, prompt, temperature=TINY_T, seed=i)["token_ids"]
         assert lossy[0] == greedy[0]  # the first token comes from the plain sampler, which is right
         assert lossy != greedy
