@@ -203,12 +203,9 @@ class HiddenStateService:
         response = tuple(spec.response_token_ids) if spec.response_token_ids is not None else None
         max_new = generate.max_new_tokens if generate is not None and response is None else None
         self.target.check_length(len(prompt_ids) + (len(response) if response else max_new or 0))
-        if response is not None:  # as it was sampled, when it says so (a greedy one is recorded as greedy)
-            samplings = [spec.sampling if spec.sampling is not None and not spec.sampling.greedy else None]
-        elif generate is not None:
+        samplings = [spec.sampling if spec.sampling is not None and not spec.sampling.greedy else None]  # given
+        if response is None and generate is not None:
             samplings = [generate.sample_params(i) for i in range(generate.samples)]
-        else:
-            samplings = [None]  # the prompt alone
         return [
             Registration(
                 prompt_id=prompt_id_for(prompt_ids, response, max_new, sampling),

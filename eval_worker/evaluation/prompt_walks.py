@@ -59,17 +59,17 @@ def fetch_layers(layers: Sequence[int], num_layers: int, opts: EvalOptions) -> l
 
 
 def split_last(features: Features, layers: Sequence[int], last: int) -> tuple[Features, Tensor | None]:
-    """The features of `layers` (what the drafter reads and is checked against) and the last layer's
-    rows [T, H] when they were served (None otherwise)."""
+    """The features the drafter reads (checked against `layers` next: anything else served is left for
+    that check to refuse) and the last layer's rows [T, H] when they were served (None otherwise)."""
     served, width = features.metadata.layers, features.metadata.hidden_size
+    if last not in layers and served == [*layers, last]:  # fetched beside the taps: split off
+        taps = features.hidden[:, : len(layers) * width]
+        meta = features.metadata.model_copy(update={"layers": list(layers)})
+        return Features(taps, features.token_ids, meta), features.hidden[:, len(layers) * width :]
     if last not in served:
         return features, None
     at = served.index(last)
-    rows = features.hidden[:, at * width : (at + 1) * width]
-    if served == list(layers):
-        return features, rows
-    taps = features.hidden[:, : len(layers) * width]
-    return Features(taps, features.token_ids, features.metadata.model_copy(update={"layers": list(layers)})), rows
+    return features, features.hidden[:, at * width : (at + 1) * width]
 
 
 def walk_checkpoint(

@@ -32,7 +32,8 @@ def sampled_settings(reports: Sequence[EvalReport]) -> list[tuple[str, str]]:
     out = []
     for setting in found:
         out += [(setting, "chain"), (setting, "s.e.")]
-        if any((r.summary.by_sampling.get(setting) or r.summary).probabilistic for r in reports):
+        measured = any((r.summary.by_sampling.get(setting) or r.summary).probabilistic for r in reports)
+        if measured and setting != GREEDY_SETTING:  # at T = 0 probabilistic drafting is the chain walk itself
             out += [(setting, "probabilistic"), (setting, "prob s.e.")]
     return out
 
@@ -76,6 +77,8 @@ def compare_table(reports: Sequence[EvalReport]) -> str:
         row += "".join(f" {_setting_tau(r, s, kind):>{len(_setting_column(s, kind))}}" for s, kind in settings)
         row += "".join(f" {_tau(_set_tau(r, name, kind)):>{_width(name, kind)}}" for name, kind in columns)
         lines.append(row)
+    if settings and (budgets or shapes):
+        lines.append("trees: walked on greedy (T = 0) responses only")
     targets = {r.target_fingerprint for r in reports}
     if len(targets) > 1:
         lines.append(f"warning: these reports come from {len(targets)} different targets: {sorted(targets)}")
