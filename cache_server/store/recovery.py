@@ -7,6 +7,7 @@ progress: only what has not changed for `grace_s` is an orphan. Readers never se
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -28,7 +29,10 @@ def sweep_orphans(
 ) -> int:
     """Delete unpublished prompts, layers their manifest does not list and stray temporary files,
     all older than `grace_s`; migrate prompts of an older store to prompt groups. Returns how many
-    prefixes or files were removed; `stop` ends it early. Errors are logged, not raised."""
+    prefixes or files were removed; `stop` ends it early. Errors are logged, not raised. An infinite
+    grace sweeps nothing (a prune's store: what it drops it deletes itself, after its own grace)."""
+    if math.isinf(grace_s):
+        return 0
     try:
         return _sweep(blobs, prompts, manifest, grace_s, stop or threading.Event())
     except Exception as e:  # the store stays usable; the next start sweeps again

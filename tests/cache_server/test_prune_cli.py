@@ -4,6 +4,7 @@ bit-identical, by a server that had read the prompt's old manifest."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ def _hidden(client, pid: str, layers: str, encoding: str = "safetensors") -> byt
 
 
 def test_prune_a_set_beside_a_running_server(
-    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     store = tmp_path / "store"
     with app_client(tiny_target, store) as client:
@@ -35,8 +36,10 @@ def test_prune_a_set_beside_a_running_server(
         computed = metric(client, COMPUTED)
 
         argv = ["prune", "--store", str(store), "--keep-layers", "1,3", "--grace-s", "0"]
+        caplog.clear()
         assert main([*argv, "--set", "eval"]) == 0
         assert "dropped     layers [0, 2, 4, 5]" in capsys.readouterr().out
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]  # nor a traceback
         assert sorted(int(k.name) for k in store.glob(f"*/prompts/{pruned}/layers/*") if k.is_dir()) == [1, 3]
         assert sorted(int(k.name) for k in store.glob(f"*/prompts/{kept}/layers/*") if k.is_dir()) == list(range(6))
 
