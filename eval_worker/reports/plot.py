@@ -42,7 +42,8 @@ def plot(reports: Sequence[EvalReport], out: Path) -> None:
         for label, pick in sorted(trees.items()):
             pts = [(s, t.mean_tau) for s, r in mine if (t := pick(r)) is not None]
             if pts:
-                left.plot([p[0] for p in pts], [p[1] for p in pts], "s--", label=f"{family} {label}")
+                at = " T=0" if settings else ""  # trees are walked on greedy responses only
+                left.plot([p[0] for p in pts], [p[1] for p in pts], "s--", label=f"{family} {label}{at}")
     left.set(xlabel="training step", ylabel="tau (mean acceptance length)", title="tau vs step")
     left.grid(alpha=0.3)
     left.legend()
