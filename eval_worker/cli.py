@@ -11,6 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -37,6 +38,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
+    _evaluate_command(sub)
+    _checkpoint_commands(sub)
+    _job_commands(sub)
+    _prompts_command(sub)
+    _compare_command(sub)
+    return p
+
+
+def _evaluate_command(sub: Any) -> None:
+    """`evaluate`: checkpoints measured here, one pass over the prompts."""
     ev = command(
         sub,
         "evaluate",
@@ -66,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     outs.add_argument("--out", type=Path, help="write the JSON report (EvalReport) of one checkpoint here")
     outs.add_argument("--out-dir", type=Path, help="write each checkpoint's report as DIR/<checkpoint name>.json")
 
+
+def _checkpoint_commands(sub: Any) -> None:
+    """`parity`, `doctor` and `inspect`: one checkpoint against an engine, the cache, or itself."""
     par = command(
         sub,
         "parity",
@@ -98,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     config_args(ins)
 
+
+def _job_commands(sub: Any) -> None:
+    """`serve`, `submit` and `watch`: checkpoints evaluated as jobs of the server."""
     command(
         sub,
         "serve",
@@ -106,7 +123,6 @@ def _parser() -> argparse.ArgumentParser:
         WorkerSettings,
         positional=None,
     )
-
     sbm = command(
         sub,
         "submit",
@@ -140,6 +156,9 @@ def _parser() -> argparse.ArgumentParser:
     wat.add_argument("--interval", type=float, default=10.0, help="seconds between looks (10)")
     wat.add_argument("--once", action="store_true", help="look twice (to see which files are finished), then exit")
 
+
+def _prompts_command(sub: Any) -> None:
+    """`prompts add`: dataset files registered as prompt sets."""
     prompts = sub.add_parser("prompts", help="register benchmark prompt sets from dataset files")
     add = command(
         prompts.add_subparsers(dest="prompts_command", required=True),
@@ -180,12 +199,14 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--wait", action="store_true", help="show the set's progress until every prompt is computed")
     add.add_argument("--dry-run", action="store_true", help="print what registering them would store; register nothing")
 
+
+def _compare_command(sub: Any) -> None:
+    """`compare`: reports side by side by step."""
     cmp_ = command(
         sub, "compare", "table (and plot) of reports by step", commands.compare, LookupSettings, positional=None
     )
     cmp_.add_argument("reports", type=Path, nargs="*", help="EvalReport JSON files")
     cmp_.add_argument("--plot", type=Path, help="write a PNG of tau vs step and the acceptance curve (needs [plot])")
-    return p
 
 
 def _check_spec(args: argparse.Namespace) -> None:

@@ -236,24 +236,28 @@ def compare(args: argparse.Namespace, settings: LookupSettings) -> int:
 def prompts_add(args: argparse.Namespace, settings: ConnectionSettings) -> int:
     """Register dataset files' prompts as one set; with --wait, show its progress until computed."""
     from eval_worker.prompt_files.register import AddOptions, add_prompts, plan_prompts, wait_with_progress
+    from schemas.prompts import GenerateSpec
 
-    opts = AddOptions(
-        set_name=args.set_name,
-        field=args.field,
-        chat_template=args.chat_template,
-        enable_thinking=args.enable_thinking,
+    generate = GenerateSpec(
         max_new_tokens=args.max_new_tokens,
-        limit=args.limit,
-        shuffle_seed=args.shuffle_seed,
-        suffix=args.suffix,
-        skip_bad=args.skip_bad,
-        timeout_s=settings.timeout_s,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
         min_p=args.min_p,
         seed=args.seed,
         samples=args.samples,
+    )
+    opts = AddOptions(
+        set_name=args.set_name,
+        field=args.field,
+        chat_template=args.chat_template,
+        enable_thinking=args.enable_thinking,
+        limit=args.limit,
+        shuffle_seed=args.shuffle_seed,
+        suffix=args.suffix,
+        skip_bad=args.skip_bad,
+        timeout_s=settings.timeout_s,
+        generate=generate,
     )
     with connect(settings) as client:
         if args.dry_run:

@@ -24,9 +24,9 @@ from eval_worker.evaluation.checks import check_features, check_heads
 from eval_worker.evaluation.feature_cache import FeatureCache, Fetched
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
-from eval_worker.evaluation.prompt_walks import DeviceHeads, fetch_layers, split_last, walk_checkpoint
+from eval_worker.evaluation.prompt_walks import DeviceHeads, fetch_layers, serve_prompt, walk_checkpoint
 from eval_worker.evaluation.source import FeatureSource
-from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.evaluation.walk_types import DraftCost
 from eval_worker.families import FAMILIES
 from eval_worker.scoring.summary import by_set, summarize_set
 from schemas.model import ModelInfo
@@ -167,40 +167,35 @@ def _walk_chunk(
 ) -> None:
     # The drafter's taps apart from the target's last layer (fetched too for probabilistic drafting),
     # on the drafter's device and dtype once, for every checkpoint of the group.
-    split = {item.prompt_id: split_last(item.features, layers, info.num_layers - 1) for item in chunk}
-    ready = {
-        pid: PromptFeatures(f.hidden.to(opts.device, opts.dtype), f.token_ids.tolist(), f.metadata.prompt_len)
-        for pid, (f, _) in split.items()
-    }
+    last = info.num_layers - 1
+    served = {item.prompt_id: serve_prompt(item.prompt_id, item.features, layers, last, opts) for item in chunk}
     for run, ids in zip(group, wanted, strict=True):
-        mine = [item.prompt_id for item in chunk if item.prompt_id in ids]
-        for pid in mine:
-            check_features(split[pid][0], pid, info.fingerprint, run.checkpoint)
+        mine = [served[item.prompt_id] for item in chunk if item.prompt_id in ids]
+        for s in mine:
+            check_features(s.features, s.prompt_id, info.fingerprint, run.checkpoint)
         if mine:
-            features, lasts = [split[p][0] for p in mine], [split[p][1] for p in mine]
-            prompts = [ready[p] for p in mine]
-            run.results |= walk_checkpoint(run.checkpoint, mine, prompts, features, lasts, heads, opts, run.cost)
+            run.results |= walk_checkpoint(run.checkpoint, mine, heads, opts, run.cost)
+
+
+def _warn_unlike_the_target(prompt_ids: list[str], what: str) -> None:
+    if prompt_ids:
+        log.warning("%d prompts " + what, len(prompt_ids), prompt_ids[:3])
 
 
 def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
     checkpoint = run.checkpoint
     results = [run.results[p] for p in run.prompt_ids]
     not_greedy = [r.prompt_id for r in results if r.greedy_mismatches]
-    if not_greedy:
-        log.warning(
-            "%d prompts have responses that are not the target's greedy continuation (e.g. %s): their tau "
-            "measures acceptance against the given response, not what the live greedy loop would see",
-            len(not_greedy),
-            not_greedy[:3],
-        )
-    outside = [r.prompt_id for r in results if r.outside_support]
-    if outside:
-        log.warning(
-            "%d sampled responses have tokens the target would never sample at their setting (e.g. %s): "
-            "another model made them, and their tau is not the live loop's",
-            len(outside),
-            outside[:3],
-        )
+    _warn_unlike_the_target(
+        not_greedy,
+        "have responses that are not the target's greedy continuation (e.g. %s): their tau measures "
+        "acceptance against the given response, not what the live greedy loop would see",
+    )
+    _warn_unlike_the_target(
+        [r.prompt_id for r in results if r.outside_support],
+        "are sampled responses with tokens the target would never sample at their setting (e.g. %s): "
+        "another model made them, and their tau is not the live loop's",
+    )
     cost = EvalCost(
         drafted_blocks=run.cost.drafted_blocks,
         lm_head_rows=run.cost.lm_head_rows,

@@ -17,10 +17,10 @@ from eval_worker.checkpoints.loaded import LoadedCheckpoint
 from eval_worker.errors import FeatureMismatch
 from eval_worker.evaluation.feature_cache import Features
 from eval_worker.evaluation.options import EvalOptions
-from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, Walked
 from eval_worker.families import FAMILIES
 from eval_worker.scoring.summary import round_taus
-from schemas.report import ExpectedRounds, PromptEval
+from schemas.report import ExpectedRounds, PromptEval, RoundTaus
 from schemas.sampling import GREEDY
 
 
@@ -58,6 +58,33 @@ def fetch_layers(layers: Sequence[int], num_layers: int, opts: EvalOptions) -> l
     return list(layers)
 
 
+@dataclass(frozen=True)
+class ServedPrompt:
+    """One prompt as a checkpoint walks it: its served features (checked), the same on the drafter's
+    device (`prompt`), and the target's last layer [T, H] when it was fetched (probabilistic drafting)."""
+
+    prompt_id: str
+    features: Features
+    prompt: PromptFeatures
+    last: Tensor | None
+
+    @property
+    def sampled(self) -> bool:
+        """Whether its response was sampled at T > 0 (else greedy)."""
+        return self.features.metadata.sampling is not None
+
+
+def serve_prompt(
+    prompt_id: str, features: Features, layers: Sequence[int], last: int, opts: EvalOptions
+) -> ServedPrompt:
+    """The prompt's taps apart from the target's last layer, the taps on the drafter's device and dtype."""
+    taps, rows = split_last(features, layers, last)
+    on_device = PromptFeatures(
+        taps.hidden.to(opts.device, opts.dtype), taps.token_ids.tolist(), taps.metadata.prompt_len
+    )
+    return ServedPrompt(prompt_id, taps, on_device, rows)
+
+
 def split_last(features: Features, layers: Sequence[int], last: int) -> tuple[Features, Tensor | None]:
     """The features the drafter reads (checked against `layers` next: anything else served is left for
     that check to refuse) and the last layer's rows [T, H] when they were served (None otherwise)."""
@@ -73,80 +100,61 @@ def split_last(features: Features, layers: Sequence[int], last: int) -> tuple[Fe
 
 
 def walk_checkpoint(
-    checkpoint: LoadedCheckpoint,
-    ids: Sequence[str],
-    prompts: Sequence[PromptFeatures],
-    features: Sequence[Features],
-    lasts: Sequence[Tensor | None],
-    heads: DeviceHeads,
-    opts: EvalOptions,
-    cost: DraftCost,
+    checkpoint: LoadedCheckpoint, served: Sequence[ServedPrompt], heads: DeviceHeads, opts: EvalOptions, cost: DraftCost
 ) -> dict[str, PromptEval]:
     """Each prompt's evaluation by `checkpoint`: greedy and sampled responses walked apart (trees on
-    greedy ones only), then, with probabilistic drafting, every response's expected rounds."""
+    greedy ones only), with probabilistic drafting each response's expected rounds too."""
     out: dict[str, PromptEval] = {}
+    family = FAMILIES[checkpoint.family]
     for sampled in (False, True):
-        part = [i for i, f in enumerate(features) if (f.metadata.sampling is not None) == sampled]
+        part = [s for s in served if s.sampled == sampled]
         if not part:
             continue
-        family = FAMILIES[checkpoint.family]
         walk_opts = opts.chain_only if sampled else opts
-        walked = family.walk(checkpoint, [prompts[i] for i in part], heads.embed, heads.lm_head, walk_opts, cost)
-        for i, rounds in zip(part, walked, strict=True):
-            meta, prompt = features[i].metadata, prompts[i]
-            out[ids[i]] = PromptEval(
-                prompt_id=ids[i],
-                prompt_len=prompt.prompt_len,
-                num_tokens=len(prompt.token_ids),
-                chain=round_taus(rounds.chain),
-                trees=rounds.trees,
-                eagle_trees=rounds.eagle_trees,
-                greedy_mismatches=meta.greedy_mismatches,
-                generator=meta.generator,
-                sampling=meta.sampling_params,
-                outside_support=meta.outside_support,
-                prompt_sha256=hashlib.sha256(str(prompt.token_ids[: prompt.prompt_len]).encode()).hexdigest()[:16],
-            )
-    if opts.draft_sampling == "probabilistic" and prompts:
-        _add_expected(checkpoint, ids, prompts, features, lasts, heads, opts, cost, out)
+        walked = family.walk(checkpoint, [s.prompt for s in part], heads.embed, heads.lm_head, walk_opts, cost)
+        chains = [round_taus(rounds.chain) for rounds in walked]
+        expected: Sequence[ExpectedRounds | None] = [None] * len(part)
+        if opts.draft_sampling == "probabilistic":
+            # A greedy response's expectation is its chain walk (one-hot drafts and one-hot p_T: every
+            # acceptance is 0 or 1; tested equal bit for bit): only sampled ones draft at every anchor.
+            expected = _expected(checkpoint, part, heads, opts, cost) if sampled else list(map(_walked, chains))
+        for s, rounds, chain, e in zip(part, walked, chains, expected, strict=True):
+            out[s.prompt_id] = _prompt_eval(s, rounds, chain, e)
     return out
 
 
-def _add_expected(
-    checkpoint: LoadedCheckpoint,
-    ids: Sequence[str],
-    prompts: Sequence[PromptFeatures],
-    features: Sequence[Features],
-    lasts: Sequence[Tensor | None],
-    heads: DeviceHeads,
-    opts: EvalOptions,
-    cost: DraftCost,
-    out: dict[str, PromptEval],
-) -> None:
-    # A greedy response's expectation is its chain walk (the drafts are one-hot and so is p_T: every
-    # acceptance is 0 or 1; tested equal bit for bit), so only sampled ones draft at every anchor.
-    for pid, f in zip(ids, features, strict=True):
-        if f.metadata.sampling is None:
-            taus = out[pid].chain.round_taus
-            exact = ExpectedRounds(rounds=len(taus), accepted=sum(taus) - len(taus), mean_tau=out[pid].chain.mean)
-            out[pid] = out[pid].model_copy(update={"probabilistic": exact})
-    sampled = [i for i, f in enumerate(features) if f.metadata.sampling is not None]
-    if not sampled:
-        return
-    if heads.final_norm is None or any(lasts[i] is None for i in sampled):  # fetch_layers and DeviceHeads.of
-        raise RuntimeError("probabilistic drafting without the target's last layer or final norm")
-    rows = [last.to(opts.device) for i in sampled if (last := lasts[i]) is not None]
-    sampling = [features[i].metadata.sampling_params or GREEDY for i in sampled]
-    expected = FAMILIES[checkpoint.family].expected(
-        checkpoint,
-        [prompts[i] for i in sampled],
-        rows,
-        sampling,
-        heads.embed,
-        heads.lm_head,
-        heads.final_norm,
-        opts,
-        cost,
+def _prompt_eval(s: ServedPrompt, rounds: Walked, chain: RoundTaus, expected: ExpectedRounds | None) -> PromptEval:
+    meta, prompt = s.features.metadata, s.prompt
+    return PromptEval(
+        prompt_id=s.prompt_id,
+        prompt_len=prompt.prompt_len,
+        num_tokens=len(prompt.token_ids),
+        chain=chain,
+        trees=rounds.trees,
+        eagle_trees=rounds.eagle_trees,
+        greedy_mismatches=meta.greedy_mismatches,
+        generator=meta.generator,
+        sampling=meta.sampling_params,
+        outside_support=meta.outside_support,
+        prompt_sha256=hashlib.sha256(str(prompt.token_ids[: prompt.prompt_len]).encode()).hexdigest()[:16],
+        probabilistic=expected,
     )
-    for i, rounds in zip(sampled, expected, strict=True):
-        out[ids[i]] = out[ids[i]].model_copy(update={"probabilistic": rounds})
+
+
+def _walked(chain: RoundTaus) -> ExpectedRounds:
+    """The expectation of a walk whose every acceptance is certain: its own rounds."""
+    taus = chain.round_taus
+    return ExpectedRounds(rounds=len(taus), accepted=sum(taus) - len(taus), mean_tau=chain.mean)
+
+
+def _expected(
+    checkpoint: LoadedCheckpoint, part: Sequence[ServedPrompt], heads: DeviceHeads, opts: EvalOptions, cost: DraftCost
+) -> list[ExpectedRounds]:
+    lasts = [s.last for s in part]
+    if heads.final_norm is None or any(last is None for last in lasts):  # fetch_layers and DeviceHeads.of
+        raise RuntimeError("probabilistic drafting without the target's last layer or final norm")
+    rows = [last.to(opts.device) for last in lasts if last is not None]
+    sampling = [s.features.metadata.sampling_params or GREEDY for s in part]
+    prompts = [s.prompt for s in part]
+    expected = FAMILIES[checkpoint.family].expected
+    return expected(checkpoint, prompts, rows, sampling, heads.embed, heads.lm_head, heads.final_norm, opts, cost)

@@ -25,35 +25,15 @@ class AddOptions:
     """How rows become prompts."""
 
     set_name: str
+    generate: GenerateSpec  # how responses are generated: greedy, or sampled, `samples` per prompt
     field: str | None = None
     chat_template: bool | None = None  # None: on when the target's tokenizer has one
     enable_thinking: bool | None = None  # None: the template's default
-    max_new_tokens: int = 2048
     limit: int | None = None
     shuffle_seed: int | None = None
     suffix: str = ""
     skip_bad: bool = False
     timeout_s: float = 600.0  # waiting for a multi-turn prompt's earlier turns
-    # How responses are generated (`GenerateSpec`: greedy by default, else sampled, `samples` per prompt).
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int = 0
-    samples: int = 1
-
-    @property
-    def generate(self) -> GenerateSpec:
-        """The `generate` of each registration (ValidationError, one line on the CLI, when out of range)."""
-        return GenerateSpec(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            seed=self.seed,
-            samples=self.samples,
-        )
 
 
 @dataclass(frozen=True)
