@@ -105,6 +105,7 @@ class HiddenStore:
         self._reader = LayerReader(
             self.blobs, self._prompts, hidden_size=hidden_size, storage_dtype=self._storage_dtype, threads=read_threads
         )
+        self._ram = ram_cache
         fresh = partial(self.manifest, fresh=True)
         self._rows = StoredRows(self._reader, ram_cache, fingerprint, hidden_size, self._storage_dtype, storage, fresh)
         self._writers = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="hidden-store-write")
@@ -197,6 +198,9 @@ class HiddenStore:
                 if not data:
                     return old
                 scales = {k: scales[k] for k in data} if scales is not None else None
+            # What this server read of these layers before (a prune dropped them since) is not what
+            # it is about to write: a capture's last bits may differ, and so do the checksums.
+            self._forget_read(prompt_id, list(data))
             base = f"{self._prompts}/{prompt_id}"
             ids_to_write = ids if old is None else None
             crc32, scale_crc32 = publish.put_prompt(self.blobs, self._writers, base, data, ids_to_write, scales)
@@ -216,17 +220,12 @@ class HiddenStore:
             held = tuple(k for k in old.layers if k in layers) if old is not None else ()
             if old is None or not held:
                 return ()
-            self._reader.forget(prompt_id, held)
+            self._forget_read(prompt_id, held)
             self._publish(without_layers(old, held), new=False)
             return held
 
     def read_into(
-        self,
-        prompt_id: str,
-        layers: Sequence[int],
-        out: np.ndarray,
-        start: int = 0,
-        stop: int | None = None,
+        self, prompt_id: str, layers: Sequence[int], out: np.ndarray, start: int = 0, stop: int | None = None
     ) -> None:
         """Fill `out[:, i*H:(i+1)*H]` with rows start:stop of layer `layers[i]`, in request order.
 
@@ -270,6 +269,12 @@ class HiddenStore:
         if not 0 <= start <= stop <= m.num_tokens:
             raise StoreInputError(f"rows [{start}, {stop}) outside prompt {prompt_id!r} of {m.num_tokens}")
         return m, stop
+
+    def _forget_read(self, prompt_id: str, layers: Sequence[int]) -> None:
+        """Drop the opened arrays and decoded copies of these layers (written again, or dropped)."""
+        self._reader.forget(prompt_id, layers)
+        if self._ram is not None:
+            self._ram.drop(self.fingerprint, prompt_id, layers)
 
     def _require(self, prompt_id: str, *, fresh: bool = False) -> PromptManifest:
         m = self.manifest(prompt_id, fresh=fresh)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -45,6 +46,13 @@ class RamCache:
             self._items.move_to_end(key)
             self.hits += 1
             return found
+
+    def drop(self, fingerprint: str, prompt_id: str, layers: Iterable[int]) -> None:
+        """Forget these layers of a prompt (they are written again, or no longer stored)."""
+        with self._lock:
+            for layer in layers:
+                old = self._items.pop((fingerprint, prompt_id, layer), None)
+                self._bytes -= old.nbytes if old is not None else 0
 
     def put(self, fingerprint: str, prompt_id: str, layer: int, array: np.ndarray) -> None:
         """Keep a decoded layer, evicting the least recently used until it fits (too big: not kept)."""
