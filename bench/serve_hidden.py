@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -48,6 +49,7 @@ from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.service import HiddenStateService
 from cache_server.coordination.database import Database
 from cache_server.settings import ServeSettings
+from cache_server.store import chunks
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.ram_cache import RamCache
 from cache_server.torch_utils import TORCH_DTYPES as DTYPES
@@ -67,6 +69,11 @@ RAM_HIT = f"{E2E}: CacheClient.hidden, --ram-cache-gb hit"
 ONE_BUFFER = f"{E2E} --no-stream-hidden: CacheClient.hidden safetensors"
 PLAIN = f"{E2E}: CacheClient.hidden safetensors (decoded on the server)"
 RANGE = f"{E2E}: CacheClient.hidden rows 960:1088 (128 rows)"
+# The same layers written as before block checksums (whole reads check each chunk's crc32, ranges nothing).
+OLDER = "(older array, no block checksums)"
+STORE_OLD = f"store read: hidden_body in-process {OLDER}"
+STORE_RANGE, STORE_RANGE_OLD = "store read: rows 960:1088 in-process", f"store read: rows 960:1088 {OLDER}"
+TOTAL_OLD = f"{E2E}: CacheClient.hidden pieces {OLDER}"
 
 
 # -- the fixture: a target that only has `.info`, and one stored prompt -------------------------
@@ -126,7 +133,27 @@ def seed(
             if i == 0:
                 for k, t in data.items():
                     (bins / f"{k}.bin").write_bytes(t.view(torch.uint8).numpy().tobytes())
-    return pids
+                first = data
+        # Last, prompt 0's layers as an older writer stored them (other token ids: another prompt).
+        older = tuple(range(tokens))
+        pid = prompt_id_for(older, None, None)
+        with written_before_block_checksums():
+            store.write(pid, np.asarray(older, dtype=np.int64), tokens, first)
+        registry.add_many(
+            [Registration(prompt_id=pid, prompt_ids=older, response_ids=None, max_new_tokens=None, name="bench")]
+        )
+    return [*pids, pid]
+
+
+@contextmanager
+def written_before_block_checksums() -> Iterator[None]:
+    """Arrays written meanwhile have no block digests, as before they existed: the baseline of their cost."""
+    original = chunks.array_objects
+    chunks.array_objects = partial(original, block_digests=False)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        chunks.array_objects = original  # type: ignore[assignment]
 
 
 # -- the server subprocess ----------------------------------------------------------------------
@@ -313,12 +340,12 @@ def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="serve-hidden-bench-") as tmp, ExitStack() as stack:
         root, bins = Path(tmp) / "store", Path(tmp) / "bins"
         db = str(Path(tmp) / "coordination.sqlite")
-        pids = seed(root, db, bins, info, layers, args.tokens, args.prompts)
+        *pids, old_pid = seed(root, db, bins, info, layers, args.tokens, args.prompts)
         pid = pids[0]
         store = stack.enter_context(open_store(root, info, args.read_threads))
-        m = store.manifest(pid)
-        if m is None:
-            raise RuntimeError(f"the seeded prompt {pid} is not published")
+        m, old_m = store.manifest(pid), store.manifest(old_pid)
+        if m is None or old_m is None:
+            raise RuntimeError(f"the seeded prompts {pid}, {old_pid} are not published")
         nbytes = hidden_body(store, m, layers, 0, m.num_tokens).buffer.nbytes
 
         url = stack.enter_context(bench_server(args, root, db, Path(tmp) / "server.log"))
@@ -341,6 +368,9 @@ def run(args: argparse.Namespace) -> None:
                 plain_files(bins, layers, threads)
             ),
             STORE: lambda: hidden_body(store, m, layers, 0, m.num_tokens),
+            STORE_OLD: lambda: hidden_body(store, old_m, layers, 0, m.num_tokens),
+            STORE_RANGE: lambda: hidden_body(store, m, layers, 960, 1088),
+            STORE_RANGE_OLD: lambda: hidden_body(store, old_m, layers, 960, 1088),
             HTTP: lambda: parse(client.get_body(RAM_ROUTE, query)[0]),
             f"{RAM}: http.client readinto, fresh buffer each": stack.enter_context(
                 http_client_readinto(url, ram_path, nbytes, fresh=True)
@@ -350,6 +380,7 @@ def run(args: argparse.Namespace) -> None:
             ),
             f"{RAM}: httpx .content": lambda: plain.get(ram_path).content,
             TOTAL: lambda: client.hidden(pid, layers),
+            TOTAL_OLD: lambda: client.hidden(old_pid, layers),
             OUT: lambda: client.hidden(pid, layers, out=out),
             f"{E2E}: http.client readinto pieces body, one buffer": stack.enter_context(
                 http_client_readinto(url, f"{hidden_path}&encoding=pieces", pieces_nbytes, fresh=False)
@@ -397,6 +428,12 @@ def report(args: argparse.Namespace, nbytes: int, layers: list[int], load: float
         f"{TOTAL} {rows[TOTAL] * 1e3:.0f} ms vs store read {rows[STORE] * 1e3:.0f} ms "
         f"+ HTTP transfer {rows[HTTP] * 1e3:.0f} ms = {(rows[STORE] + rows[HTTP]) * 1e3:.0f} ms in series; "
         f"a 128-row range costs {rows[RANGE] / rows[TOTAL]:.2f} of the whole"
+    )
+    print(
+        "block checksums, time against the same layers stored without them: "
+        f"whole store read {rows[STORE] / rows[STORE_OLD]:.3f}x (crc32 of each chunk before), "
+        f"128-row store read {rows[STORE_RANGE] / rows[STORE_RANGE_OLD]:.3f}x (unchecked before), "
+        f"pieces end to end {rows[TOTAL] / rows[TOTAL_OLD]:.3f}x (unchecked before)"
     )
 
 

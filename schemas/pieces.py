@@ -4,8 +4,10 @@ client that decodes them on its own cores (1.45x fewer bytes on the wire, no dec
 Layout: 8-byte little-endian header length, a JSON header, then the pieces' bytes back to back, then
 the token ids (int64 little-endian). The header holds the same `__metadata__` as the safetensors
 body, the element type, the shape, and one entry per piece: [layer index in the request, first row
-in the range, rows, kind, byte offset after the header, byte length, skip]. A "blosc" piece is a
-Blosc 1 chunk whose decoded bytes from `skip` on hold the rows; a "raw" piece is the rows themselves.
+in the range, rows, kind, byte offset after the header, byte length, skip, digests]. A "blosc" piece is
+a Blosc 1 chunk whose decoded bytes from `skip` on hold the rows, and `digests` the xxh3-64 of each of
+its blocks as the server read them (`block_digests.py`; empty from an array stored before them), which
+the client checks before it decodes; a "raw" piece is the rows themselves (checked by the server).
 
 From an FP8 store (header `storage: float8_e4m3fn`) the pieces hold FP8 bytes (one per element), and
 the scales follow the token ids: float32 little-endian [layers, rows], at header `scales` (offset,
@@ -20,7 +22,8 @@ from typing import Any
 
 ENCODING = "pieces"
 MEDIA_TYPE = "application/x-hidden-state-pieces"
-Piece = tuple[int, int, int, str, int, int, int]  # (layer index, at, rows, kind, offset, nbytes, skip)
+# (layer index, at, rows, kind, offset, nbytes, skip, digests)
+Piece = tuple[int, int, int, str, int, int, int, list[int]]
 
 
 def pieces_header(

@@ -36,8 +36,8 @@ def pieces_body(
     payloads: list[memoryview] = []
     offset = 0
     for i, layer_pieces in enumerate(store.encoded(manifest.prompt_id, layers, start, stop)):
-        for at, rows, kind, payload, skip in layer_pieces:
-            index.append((i, at, rows, kind, offset, len(payload), skip))
+        for at, rows, kind, payload, skip, digests in layer_pieces:
+            index.append((i, at, rows, kind, offset, len(payload), skip, list(digests)))
             payloads.append(payload)
             offset += len(payload)
     token_ids = np.ascontiguousarray(store.token_ids(manifest.prompt_id)[start:stop], dtype="<i8").tobytes()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import itertools
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Literal
@@ -16,19 +17,11 @@ import httpx
 import numpy as np
 
 from cache_server.client.body_reader import BodyReader, BodyTruncated, Scratch, httpx_body
-from cache_server.client.errors import (
-    ProtocolError,
-    ServerUnreachable,
-    raise_for_error,
-)
-from cache_server.client.pieces import OutMismatch, check_out, decode_pieces
+from cache_server.client.errors import ProtocolError, ServerUnreachable, raise_for_error
+from cache_server.client.pieces import OutMismatch, PiecesCorrupt, check_out, decode_pieces
 from cache_server.client.results import HiddenResult, TargetHeads
 from cache_server.client.waiting import wait_ready
-from schemas.hidden import (
-    HIDDEN_TENSOR,
-    TOKEN_IDS_TENSOR,
-    HiddenMetadata,
-)
+from schemas.hidden import HIDDEN_TENSOR, TOKEN_IDS_TENSOR, HiddenMetadata
 from schemas.layers import format_layer_list
 from schemas.model import ModelInfo
 from schemas.pieces import MEDIA_TYPE as PIECES_MEDIA_TYPE
@@ -44,6 +37,8 @@ from schemas.prompts import (
     SetList,
 )
 from schemas.safetensors_frame import WireFormatError, parse
+
+log = logging.getLogger(__name__)
 
 
 class CacheClient:
@@ -224,14 +219,11 @@ class CacheClient:
         if stop is not None:
             params["stop"] = stop
         try:
-            # The body lands in this thread's reused buffer and is decoded or copied out of it: faulting
-            # fresh pages inside the socket read costs more than the copy (bench/serve_hidden.py).
-            data, content_type = self.get_body("/hidden", params, scratch=True, spread=True)
-            if content_type.startswith(PIECES_MEDIA_TYPE):
-                hidden, token_ids, meta = decode_pieces(data, out)
-            else:
-                tensors, meta = parse(data)
-                hidden, token_ids = _copied(tensors[HIDDEN_TENSOR], out), tensors[TOKEN_IDS_TENSOR].copy()
+            try:
+                hidden, token_ids, meta = self._hidden_body(params, out)
+            except PiecesCorrupt as e:  # damaged after the server checked it (a second time: ProtocolError)
+                log.warning("/hidden for %s: %s; asking again", prompt_id, e)
+                hidden, token_ids, meta = self._hidden_body(params, out)
             metadata = HiddenMetadata.from_strings(meta)
             result = HiddenResult(hidden, token_ids, metadata)
         except OutMismatch:
@@ -243,6 +235,18 @@ class CacheClient:
                 f"asked for layers {list(layers)}, got {metadata.layers} with width {result.hidden.shape[1]}"
             )
         return result
+
+    def _hidden_body(
+        self, params: dict[str, Any], out: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
+        """One `/hidden` body: (hidden, token ids, metadata strings)."""
+        # The body lands in this thread's reused buffer and is decoded or copied out of it: faulting
+        # fresh pages inside the socket read costs more than the copy (bench/serve_hidden.py).
+        data, content_type = self.get_body("/hidden", params, scratch=True, spread=True)
+        if content_type.startswith(PIECES_MEDIA_TYPE):
+            return decode_pieces(data, out)
+        tensors, meta = parse(data)
+        return _copied(tensors[HIDDEN_TENSOR], out), tensors[TOKEN_IDS_TENSOR].copy(), meta
 
     def _check_spread(self) -> None:
         """Once: every feature server must serve the target `base_url` serves (ProtocolError if not)."""

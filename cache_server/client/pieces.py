@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from cache_server.client.body_reader import Scratch
+from schemas.block_digests import check_piece
 from schemas.fp8 import dequantize
 from schemas.pieces import read_pieces_header
 from schemas.safetensors_frame import numpy_dtype
@@ -35,6 +36,10 @@ def _decode_pool() -> ThreadPoolExecutor:
         return _pool
 
 
+class PiecesCorrupt(ValueError):
+    """A piece's blocks do not match the digests the server read them with: damaged since."""
+
+
 class OutMismatch(ValueError):
     """A caller's `out` array does not fit the body (the caller's error, not the server's)."""
 
@@ -51,7 +56,8 @@ def decode_pieces(
     body: np.ndarray | bytes, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
     """(hidden [rows, layers * H], token_ids [rows] int64, metadata) of a pieces body, hidden written into
-    `out` when given (C-contiguous, that shape and dtype); ValueError on a malformed one or a wrong `out`."""
+    `out` when given (C-contiguous, that shape and dtype); ValueError on a malformed one or a wrong `out`,
+    PiecesCorrupt (before anything is decoded from it) on a piece that fails its checksums."""
     from numcodecs import blosc  # the one heavy import of the client, only for this path
 
     view = memoryview(body.data if isinstance(body, np.ndarray) else body).cast("B")
@@ -74,6 +80,11 @@ def decode_pieces(
         if len(src) != nbytes:
             raise ValueError(f"piece of layer {i} at row {at} runs past the body")
         decoded: memoryview | np.ndarray = src
+        if piece[3] != "raw" and len(piece) > 7 and piece[7]:  # digests: from a server that sends them
+            try:
+                check_piece(src, piece[7], f"piece of layer {i} at row {at}")
+            except ValueError as e:
+                raise PiecesCorrupt(str(e)) from e
         if piece[3] != "raw":
             size, need = int.from_bytes(src[4:8], "little"), skip + n * row_bytes  # a Blosc 1 header's nbytes
             if not need <= size <= need + _BLOCK_SLACK:

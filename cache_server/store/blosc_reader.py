@@ -6,9 +6,10 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,8 @@ from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
 from zarr.core.metadata import ArrayV3Metadata
 
 from cache_server.store.blobs import Blobs, Opened
-from cache_server.store.chunks import CRC_ATTRIBUTE, chunk_key, layer_compressor
+from cache_server.store.chunks import CRC_ATTRIBUTE, DIGESTS_ATTRIBUTE, chunk_key, layer_compressor
+from schemas.block_digests import HEADER, MEMCPYED, block_spans, check_blocks, digest, head_end
 
 
 @dataclass(frozen=True)
@@ -32,11 +34,25 @@ class BloscChunks:
     width: int
     dtype: np.dtype[Any]
     crc32: tuple[int, ...] | None  # of each stored chunk (None: an array written before checksums)
+    # Per chunk, its head's and blocks' digests (`schemas.block_digests`; None: written before them).
+    digests: tuple[tuple[int, ...], ...] | None = None
 
     def check(self, chunk: int, stored: memoryview) -> None:
-        """ValueError unless a whole stored chunk's bytes match their checksum."""
-        if self.crc32 is not None and zlib.crc32(stored) != self.crc32[chunk]:
+        """ValueError unless a whole stored chunk's bytes match their checksums: its blocks' digests, or
+        the chunk's crc32 for an array written before them."""
+        if self.digests is not None:
+            check_blocks(stored, block_spans(stored), self.digests[chunk][1:], f"chunk {chunk}")
+        elif self.crc32 is not None and zlib.crc32(stored) != self.crc32[chunk]:
             raise ValueError(f"chunk {chunk} does not match its checksum")
+
+    def check_head(self, chunk: int, head: memoryview) -> None:
+        """ValueError unless a chunk's header and block table match their digest (when it has one)."""
+        if self.digests is not None and digest(head) != self.digests[chunk][0]:
+            raise ValueError(f"chunk {chunk}: its Blosc header or block table does not match its checksum")
+
+    def block_digests(self, chunk: int, first: int, last: int) -> tuple[int, ...]:
+        """The digests of blocks first..last of a chunk (none for an array written before them)."""
+        return () if self.digests is None else self.digests[chunk][1 + first : 2 + last]
 
     @property
     def chunk_nbytes(self) -> int:
@@ -76,11 +92,16 @@ def blosc_chunks(md: ArrayV3Metadata, blobs: Blobs, array: str) -> BloscChunks |
         and md.codecs == (_bytes_codec(dtype.itemsize), layer_compressor(dtype.itemsize))
     ):
         return None
-    crc32 = md.attributes.get(CRC_ATTRIBUTE)
     nchunks = -(-md.shape[0] // grid.chunk_shape[0])
+    crc32, digests = md.attributes.get(CRC_ATTRIBUTE), md.attributes.get(DIGESTS_ATTRIBUTE)
     if crc32 is not None and (not isinstance(crc32, list) or len(crc32) != nchunks):
         raise ValueError(f"{array}: {CRC_ATTRIBUTE} has {crc32!r}, the array has {nchunks} chunks")
-    return BloscChunks(blobs, array, grid.chunk_shape[0], md.shape[1], dtype, None if crc32 is None else tuple(crc32))
+    if digests is not None and (
+        not isinstance(digests, list) or len(digests) != nchunks or not all(isinstance(d, list) for d in digests)
+    ):
+        raise ValueError(f"{array}: {DIGESTS_ATTRIBUTE} is not a list of digests per chunk ({nchunks} chunks)")
+    crc32, digests = None if crc32 is None else tuple(crc32), None if digests is None else tuple(map(tuple, digests))
+    return BloscChunks(blobs, array, grid.chunk_shape[0], md.shape[1], dtype, crc32, digests)
 
 
 def _bytes_codec(itemsize: int) -> BytesCodec:
@@ -88,36 +109,36 @@ def _bytes_codec(itemsize: int) -> BytesCodec:
     return BytesCodec(endian="little" if itemsize > 1 else None)
 
 
-# Blosc 1 header: version, versionlz, flags, typesize (1 byte each), then uint32 LE nbytes, blocksize, cbytes.
-# Unless the chunk is stored uncompressed (MEMCPYED), an int32 offset per block follows, then the blocks,
-# each compressed on its own: a row range needs only the blocks that hold it.
-_BLOSC_HEADER = struct.Struct("<BBBBIII")
-_MEMCPYED = 0x02
-_DONTSPLIT = 0x10
+_DONTSPLIT = 0x10  # a Blosc 1 flag: the block is one stream (`schemas.block_digests` has the layout)
+_new_bytes = partial(np.empty, dtype=np.uint8)
 
 
 @contextmanager
-def _checked_chunk(chunks: BloscChunks, chunk: int) -> Iterator[tuple[Opened, tuple[int, ...]]]:
-    """An open chunk object and its Blosc header, checked against the object's size and the array."""
+def _checked_chunk(chunks: BloscChunks, chunk: int) -> Iterator[tuple[Opened, tuple[int, ...], list[int]]]:
+    """An open chunk object, its Blosc header and each block's offset (none when stored uncompressed),
+    checked against the object's size, the array, and the digest of the header and block table."""
     try:
         fd = chunks.blobs.open(chunk_key(chunks.array, chunk, 2))
     except FileNotFoundError as e:
         raise FileNotFoundError(f"chunk {chunk} is missing") from e
     try:
         size = fd.size
-        if size < _BLOSC_HEADER.size:
+        if size < HEADER.size:
             raise ValueError(f"chunk {chunk} is truncated to {size} bytes")
-        head = bytearray(_BLOSC_HEADER.size)
-        fd.read_at(memoryview(head), 0)
-        header = _BLOSC_HEADER.unpack(head)
-        decoded, cbytes = header[4], header[6]
+        head = bytearray(HEADER.size)
+        _read_at(fd, memoryview(head), 0, chunk)
+        header = HEADER.unpack(head)
+        decoded, blocksize, cbytes = header[4], header[5], header[6]
         # Blosc trusts the header's cbytes: a truncated file must be caught before it decodes.
-        if cbytes != size or decoded != chunks.chunk_nbytes:
+        if cbytes != size or decoded != chunks.chunk_nbytes or blocksize < 1 or head_end(header) > size:
             raise ValueError(
                 f"chunk {chunk} is damaged: {size} bytes on disk, its header says {cbytes} "
-                f"decoding to {decoded}, the array needs {chunks.chunk_nbytes}"
+                f"decoding to {decoded} in blocks of {blocksize}, the array needs {chunks.chunk_nbytes}"
             )
-        yield fd, header
+        head += bytes(head_end(header) - HEADER.size)  # and the block table
+        _read_at(fd, memoryview(head)[HEADER.size :], HEADER.size, chunk)
+        chunks.check_head(chunk, memoryview(head))
+        yield fd, header, list(struct.unpack_from(f"<{(len(head) - HEADER.size) // 4}i", head, HEADER.size))
     finally:
         fd.close()
 
@@ -131,36 +152,65 @@ def _read_at(fd: Opened, into: memoryview, offset: int, chunk: int) -> None:
 
 
 def _blocks_holding(
-    fd: Opened, header: tuple[int, ...], lo: int, hi: int, into: np.ndarray, chunk: int
-) -> tuple[memoryview, int]:
-    """From an open Blosc 1 chunk file, a chunk written into `into` holding only the blocks that cover
-    its decoded bytes [lo, hi) (only those are read from disk), and the offset of byte `lo` in what it
-    decodes to. ValueError on a damaged block table."""
-    version, versionlz, flags, typesize, nbytes, blocksize, cbytes = header
-    nblocks = -(-nbytes // blocksize)
-    table = np.empty(nblocks, "<i4")
-    _read_at(fd, memoryview(table.data).cast("B"), _BLOSC_HEADER.size, chunk)
-    starts = [int(x) for x in table]
+    chunks: BloscChunks,
+    opened: tuple[Opened, tuple[int, ...], list[int]],
+    lo: int,
+    hi: int,
+    into: np.ndarray,
+    chunk: int,
+) -> tuple[memoryview, int, tuple[int, ...]]:
+    """From an open Blosc 1 chunk (`_checked_chunk`), a chunk written into `into` holding only the
+    blocks that cover its decoded bytes [lo, hi) (only those are read from disk, and checked against
+    their digests), the offset of byte `lo` in what it decodes to, and those blocks' digests.
+    ValueError on a damaged block table or block."""
+    fd, (version, versionlz, flags, typesize, nbytes, blocksize, cbytes), starts = opened
     ends = [*starts[1:], cbytes]
-    data_start = _BLOSC_HEADER.size + 4 * nblocks
+    data_start = HEADER.size + 4 * len(starts)
     if any(not data_start <= a <= b <= cbytes for a, b in zip(starts, ends, strict=True)):
         raise ValueError(f"chunk {chunk}: the block table is damaged")
     first, last = lo // blocksize, (hi - 1) // blocksize
     count = last - first + 1
-    offset = _BLOSC_HEADER.size + 4 * count
-    span = ends[last] - starts[first]
-    out = memoryview(into.data)[: offset + span]
+    offset = HEADER.size + 4 * count
+    out = memoryview(into.data)[: offset + ends[last] - starts[first]]
     _read_at(fd, out[offset:], starts[first], chunk)  # the blocks, back to back as on disk
-    shift = offset - starts[first]
+    spans = [(starts[k] + offset - starts[first], ends[k] + offset - starts[first]) for k in range(first, last + 1)]
+    expected = chunks.block_digests(chunk, first, last)
+    if expected:
+        check_blocks(out, spans, expected, f"chunk {chunk}", first)
     sub_nbytes = min(nbytes, (last + 1) * blocksize) - first * blocksize
     sub_blocksize = blocksize
     if sub_nbytes < blocksize:
         # Only the chunk's last, shorter block: Blosc refuses a block size larger than the whole, so the
         # block becomes the whole (the last block of a chunk is never split into streams, as DONTSPLIT says).
         sub_blocksize, flags = sub_nbytes, flags | _DONTSPLIT
-    _BLOSC_HEADER.pack_into(out, 0, version, versionlz, flags, typesize, sub_nbytes, sub_blocksize, offset + span)
-    struct.pack_into(f"<{count}i", out, _BLOSC_HEADER.size, *(starts[k] + shift for k in range(first, last + 1)))
-    return out, lo - first * blocksize
+    HEADER.pack_into(out, 0, version, versionlz, flags, typesize, sub_nbytes, sub_blocksize, len(out))
+    struct.pack_into(f"<{count}i", out, HEADER.size, *(a for a, _ in spans))
+    return out, lo - first * blocksize, expected
+
+
+def _stored_rows(
+    chunks: BloscChunks,
+    opened: tuple[Opened, tuple[int, ...], list[int]],
+    lo: int,
+    hi: int,
+    buffer: Callable[[int], np.ndarray],
+    chunk: int,
+) -> memoryview:
+    """Bytes [lo, hi) of a chunk stored uncompressed (MEMCPYED), read into `buffer(nbytes)`: the blocks
+    that hold them, checked against their digests (just those bytes, for an array written before)."""
+    fd, header, _ = opened
+    if chunks.digests is None:
+        rows = memoryview(buffer(hi - lo).data)
+        _read_at(fd, rows, HEADER.size + lo, chunk)
+        return rows
+    nbytes, blocksize = header[4], header[5]
+    first, last = lo // blocksize, (hi - 1) // blocksize
+    at, end = first * blocksize, min((last + 1) * blocksize, nbytes)
+    blocks = memoryview(buffer(end - at).data)
+    _read_at(fd, blocks, HEADER.size + at, chunk)
+    spans = [(k * blocksize - at, min((k + 1) * blocksize, nbytes) - at) for k in range(first, last + 1)]
+    check_blocks(blocks, spans, chunks.block_digests(chunk, first, last), f"chunk {chunk}", first)
+    return blocks[lo - at : hi - at]
 
 
 class ChunkReader:
@@ -189,24 +239,23 @@ class ChunkReader:
         header is wrong, which zarr would read as zeros or fail on less clearly.
         """
         nbytes, row_bytes = chunks.chunk_nbytes, chunks.width * chunks.dtype.itemsize
-        with _checked_chunk(chunks, chunk) as (fd, header):
-            flags, size, blocksize = header[2], header[6], header[5]
-            if flags & _MEMCPYED:  # stored as is: read just the rows
-                rows = self._buffer("scratch", (hi - lo) * row_bytes)
-                _read_at(fd, memoryview(rows.data), _BLOSC_HEADER.size + lo * row_bytes, chunk)
-                out[...] = rows.view(chunks.dtype).reshape(hi - lo, chunks.width)
+        scratch = partial(self._buffer, "scratch")
+        with _checked_chunk(chunks, chunk) as opened:
+            flags, blocksize, size = opened[1][2], opened[1][5], opened[1][6]
+            if flags & MEMCPYED:  # stored as is: read just the blocks that hold the rows
+                rows = _stored_rows(chunks, opened, lo * row_bytes, hi * row_bytes, scratch, chunk)
+                out[...] = np.frombuffer(rows, chunks.dtype).reshape(hi - lo, chunks.width)
                 return
-            blocks = -(-nbytes // blocksize)
-            if (lo * row_bytes) // blocksize > 0 or -(-hi * row_bytes // blocksize) < blocks:
-                src, skip = _blocks_holding(
-                    fd, header, lo * row_bytes, hi * row_bytes, self._buffer("file", size), chunk
+            if (lo * row_bytes) // blocksize > 0 or -(-hi * row_bytes // blocksize) < -(-nbytes // blocksize):
+                src, skip, _ = _blocks_holding(
+                    chunks, opened, lo * row_bytes, hi * row_bytes, self._buffer("file", size), chunk
                 )
-                decoded_rows = self._buffer("scratch", _BLOSC_HEADER.unpack_from(src)[4])
+                decoded_rows = scratch(HEADER.unpack_from(src)[4])
                 self._decode(src, decoded_rows, chunk)
                 out[...] = decoded_rows[skip : skip + (hi - lo) * row_bytes].view(chunks.dtype).reshape(hi - lo, -1)
                 return
             src = memoryview(self._buffer("file", size).data)
-            _read_at(fd, src, 0, chunk)
+            _read_at(opened[0], src, 0, chunk)
             chunks.check(chunk, src)
         # zarr sets numcodecs.blosc.use_threads = False on import, so each call decodes with its own
         # context and no global lock: the store's threads decode chunks in parallel.
@@ -217,22 +266,22 @@ class ChunkReader:
             out[...] = dest.reshape(chunks.chunk_rows, chunks.width)[lo:hi]
 
     @staticmethod
-    def encoded(chunks: BloscChunks, chunk: int, lo: int, hi: int) -> tuple[str, memoryview, int]:
+    def encoded(chunks: BloscChunks, chunk: int, lo: int, hi: int) -> tuple[str, memoryview, int, tuple[int, ...]]:
         """Rows lo:hi of a chunk as stored, for a client that decodes: ("blosc", a Blosc chunk holding
-        just the blocks those rows need, offset of row lo in what it decodes to), or for a chunk
-        stored uncompressed ("raw", the rows' bytes, 0). Read into a buffer of its own, which the
-        response holds until it is sent (large numpy buffers fault in huge pages; bytes would not)."""
+        just the blocks those rows need, offset of row lo in what it decodes to, those blocks' digests
+        for the client to check), or for a chunk stored uncompressed ("raw", the rows' bytes, 0, ()).
+        What is read is checked first. Read into a buffer of its own, which the response holds until it
+        is sent (large numpy buffers fault in huge pages; bytes would not)."""
         row_bytes = chunks.width * chunks.dtype.itemsize
-        with _checked_chunk(chunks, chunk) as (fd, header):
-            if header[2] & _MEMCPYED:
-                rows = memoryview(np.empty((hi - lo) * row_bytes, np.uint8).data)
-                _read_at(fd, rows, _BLOSC_HEADER.size + lo * row_bytes, chunk)
-                return "raw", rows, 0
-            into = np.empty(header[6], np.uint8)
-            src, skip = _blocks_holding(fd, header, lo * row_bytes, hi * row_bytes, into, chunk)
-            if len(src) == header[6]:  # every block: the stored chunk itself
+        with _checked_chunk(chunks, chunk) as opened:
+            if opened[1][2] & MEMCPYED:
+                return "raw", _stored_rows(chunks, opened, lo * row_bytes, hi * row_bytes, _new_bytes, chunk), 0, ()
+            src, skip, digests = _blocks_holding(
+                chunks, opened, lo * row_bytes, hi * row_bytes, np.empty(opened[1][6], np.uint8), chunk
+            )
+            if len(src) == opened[1][6] and not digests:  # every block of an older array: the stored chunk
                 chunks.check(chunk, src)
-            return "blosc", src, skip
+            return "blosc", src, skip, digests
 
     @staticmethod
     def _decode(src: memoryview, dest: np.ndarray, chunk: int) -> None:

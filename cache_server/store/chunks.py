@@ -32,6 +32,8 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
 from zarr.storage import MemoryStore
 
+from schemas.block_digests import chunk_digests
+
 # What zarr stores for each dtype name: the same width, a dtype zarr 3.1 knows (it has no bfloat16,
 # so bf16 is stored as its uint16 bit pattern and the real dtype lives in the manifest).
 _STORAGE_DTYPES: dict[str, np.dtype[Any]] = {
@@ -51,6 +53,9 @@ CHUNK_TOKENS = 1024
 BLOSC_BLOCKSIZE = 1 << 20
 ZARR_JSON = "zarr.json"
 CRC_ATTRIBUTE = "chunk_crc32"  # an array attribute: zlib.crc32 of each stored chunk, in order
+# An attribute of compressed arrays: per chunk, `schemas.block_digests.chunk_digests` (its head's digest,
+# then each Blosc block's), which every read checks. Arrays written before it have only the crc32s.
+DIGESTS_ATTRIBUTE = "block_xxh3_64"
 
 
 def layer_compressor(itemsize: int) -> BloscCodec:
@@ -68,11 +73,13 @@ def chunk_key(array: str, row_chunk: int, ndim: int) -> str:
     return "/".join([array, "c", str(row_chunk), *["0"] * (ndim - 1)])
 
 
-def array_objects(data: np.ndarray, *, compress: bool) -> tuple[bytes, list[bytes]]:
+def array_objects(data: np.ndarray, *, compress: bool, block_digests: bool = True) -> tuple[bytes, list[bytes]]:
     """`data` as a Zarr v3 array chunked over rows: its `zarr.json` and its encoded chunks in order.
 
-    Encoded here rather than by zarr so that each chunk's crc32 rides in the array's attributes
-    (`chunk_crc32`), which readers check; the bytes are exactly what zarr writes and reads back.
+    Encoded here rather than by zarr so that each chunk's checksums ride in the array's attributes:
+    its crc32 (`chunk_crc32`) and, compressed, its blocks' digests (`block_xxh3_64`; without
+    `block_digests`, an array as written before them), which readers check; the bytes are exactly
+    what zarr writes and reads back.
     Every chunk is written, the last one padded with the fill value as zarr does, so a missing
     chunk always means damage (zarr would read it as zeros).
     """
@@ -85,6 +92,9 @@ def array_objects(data: np.ndarray, *, compress: bool) -> tuple[bytes, list[byte
         if len(block) < rows:
             block = np.concatenate([block, np.zeros((rows - len(block), *data.shape[1:]), little.dtype)])
         encoded.append(codec.encode(block) if compress else block.tobytes())
+    attributes: dict[str, Any] = {CRC_ATTRIBUTE: [zlib.crc32(b) for b in encoded]}
+    if compress and block_digests:
+        attributes[DIGESTS_ATTRIBUTE] = [chunk_digests(b) for b in encoded]
     arr = zarr.create_array(
         store=MemoryStore(),
         shape=data.shape,
@@ -92,7 +102,7 @@ def array_objects(data: np.ndarray, *, compress: bool) -> tuple[bytes, list[byte
         chunks=(rows, *data.shape[1:]),
         compressors=layer_compressor(little.itemsize) if compress else None,
         fill_value=0,
-        attributes={CRC_ATTRIBUTE: [zlib.crc32(b) for b in encoded]},
+        attributes=attributes,
         chunk_key_encoding={"name": "default", "separator": "/"},
         zarr_format=3,
     )

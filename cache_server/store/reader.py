@@ -32,8 +32,8 @@ READ_ERRORS = (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarr
 # `chunks.array_objects` writes it (faster than zarr), else the array for zarr to read.
 _Layer = blosc_reader.BloscChunks | zarr.Array[Any]
 LayerRead = tuple[int, np.ndarray, int, int]  # (layer id, out [stop - start, H], start, stop)
-# (first row in the range, rows, "blosc" | "raw", payload, skip)
-EncodedPiece = tuple[int, int, str, memoryview, int]
+# (first row in the range, rows, "blosc" | "raw", payload, skip, the digests of a "blosc" payload's blocks)
+EncodedPiece = tuple[int, int, str, memoryview, int, tuple[int, ...]]
 
 
 class LayerReader:
@@ -129,7 +129,7 @@ class LayerReader:
     ) -> list[list[EncodedPiece] | None]:
         """Per layer, rows start:stop as stored (see `ChunkReader.encoded`), read on the pool; None for a
         layer not laid out as `chunks.array_objects` writes it (the caller decodes those)."""
-        plans: list[list[tuple[int, int, Future[tuple[str, memoryview, int]]]] | None] = []
+        plans: list[list[tuple[int, int, Future[tuple[str, memoryview, int, tuple[int, ...]]]]] | None] = []
         for k in layers:
             blosc = self._layer_array(m, k)
             if not isinstance(blosc, blosc_reader.BloscChunks):
@@ -196,7 +196,7 @@ def _exists(blobs: Blobs, array: str, chunk: str) -> bool:
 
 def _encoded_guarded(
     prompt_id: str, layer: int, blosc: blosc_reader.BloscChunks, chunk: int, lo: int, hi: int
-) -> tuple[str, memoryview, int]:
+) -> tuple[str, memoryview, int, tuple[int, ...]]:
     try:
         return blosc_reader.ChunkReader.encoded(blosc, chunk, lo, hi)
     except READ_ERRORS as e:

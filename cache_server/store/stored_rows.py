@@ -109,7 +109,7 @@ class StoredRows:
                 else:
                     part = rows[start:stop]
                 raw = np.ascontiguousarray(part).reshape(-1).view(np.uint8)
-                pieces = [(0, stop - start, "raw", memoryview(raw.data), 0)]
+                pieces = [(0, stop - start, "raw", memoryview(raw.data), 0, ())]
             out.append(pieces)
         return out
 

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
-from tests.cache_server.helpers import app_client, error_message, metric, register_ready
+from cache_server.api.app import create_app
+from cache_server.client import CacheClient, NotReadyError
+from cache_server.store import chunks as arrays
+from schemas.block_digests import block_spans
+from testing.servers import server_metric, serving_app
+from tests.cache_server.helpers import app_client, error_message, metric, register_ready, serve_settings
 
 BODIES = {  # name -> (server settings, request params)
     "streamed": ({"stream_hidden": True}, {}),
@@ -53,3 +59,35 @@ def test_a_corrupt_layer_is_refused_then_captured_again(
         assert metric(client, "cache_server_prompts_computed_total") == computed + 1
         assert sum("capturing layers [4] again" in r.getMessage() for r in caplog.records) == 1
         assert client.get(f"/prompts/{pid}").json()["layers_stored"] == [0, 1, 2, 3, 4, 5]  # all captured, 4 again
+
+
+@pytest.fixture
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """64-row chunks of 4 KiB Blosc blocks: a 64-wide fp32 chunk is 4 blocks of 16 rows."""
+    monkeypatch.setattr(arrays, "CHUNK_TOKENS", 64)
+    monkeypatch.setattr(arrays, "BLOSC_BLOCKSIZE", 4096)
+
+
+@pytest.mark.parametrize("encoding", ["pieces", "safetensors"])
+def test_a_row_range_over_a_rotten_block_is_refused_through_the_light_client_then_served_exact(
+    tiny_target: Path, tmp_path: Path, small_blocks: None, encoding: Literal["pieces", "safetensors"]
+) -> None:
+    """Rows 20-60 need blocks 1-3 of chunk 0, not the whole chunk: a byte flipped in block 2 is still
+    caught (by the server before it decodes or sends the block), and the layer comes back bit-identical."""
+    store = tmp_path / "store"
+    with serving_app(create_app(serve_settings(tiny_target, store))) as url, CacheClient(url) as client:
+        (registered,) = client.register([{"token_ids": list(range(5, 105))}])
+        pid = registered.prompt_id
+        client.wait_ready([pid])
+        before = client.hidden(pid, [2, 4], start=20, stop=60, encoding=encoding)
+        computed = server_metric(url, "cache_server_prompts_computed_total")
+        chunk = store / client.model().fingerprint / "prompts" / pid / "layers" / "4" / "c" / "0" / "0"
+        data = bytearray(chunk.read_bytes())
+        a, b = block_spans(bytes(data))[2]
+        data[(a + b) // 2] ^= 0x04
+        chunk.write_bytes(bytes(data))
+        with pytest.raises(NotReadyError, match="layer 4: chunk 0 block 2 does not match its checksum"):
+            client.hidden(pid, [2, 4], start=20, stop=60, encoding=encoding)
+        again = client.hidden(pid, [2, 4], start=20, stop=60, encoding=encoding)  # waits for the capture
+        assert again.hidden.tobytes() == before.hidden.tobytes()
+        assert server_metric(url, "cache_server_prompts_computed_total") == computed + 1

@@ -79,3 +79,46 @@ def test_results_own_their_memory_and_out_receives_the_same_bytes(
             client.hidden(pid, [4, 0, 2], encoding=encoding, out=out[:, :128])
         with pytest.raises(OutMismatch, match="bfloat16"):
             client.hidden(pid, [4, 0, 2], encoding=encoding, out=np.zeros(out.shape, np.float32))
+
+
+def _flipping_once(app: Any, at: int) -> Any:
+    """`app`, but the first pieces body it sends has byte `at` flipped (damage after the server read it)."""
+    flipped = False
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        sent = 0
+
+        async def damaging(message: dict[str, Any]) -> None:
+            nonlocal sent, flipped
+            body = message.get("body", b"")
+            if message["type"] == "http.response.body" and not flipped and sent <= at < sent + len(body):
+                damaged = bytearray(body)
+                damaged[at - sent] ^= 0x20
+                message, flipped = {**message, "body": bytes(damaged)}, True
+            sent += len(body)
+            await send(message)
+
+        pieces = scope["type"] == "http" and b"encoding=pieces" in scope["query_string"]
+        await app(scope, receive, damaging if pieces else send)
+
+    return wrapped
+
+
+def test_a_piece_damaged_on_the_way_is_asked_for_again_never_decoded(
+    tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(chunks, "CHUNK_TOKENS", 16)
+    settings = serve_settings(tiny_target, tmp_path / "store")
+    with TestClient(create_app(settings)) as local:
+        [pid] = register_ready(local, [{"token_ids": TOKENS}], layer=3)
+        body = local.get("/hidden", params={"prompt_id": pid, "layers": "3", "encoding": "pieces"}).content
+    header, data = read_pieces_header(memoryview(body))
+    first = header["pieces"][0]
+    assert first[3] == "blosc" and first[7]  # a Blosc piece with its blocks' digests
+    at = data + first[4] + first[5] - 3  # inside its last block
+    with serving_app(_flipping_once(create_app(settings), at)) as url, CacheClient(url) as client:
+        with caplog.at_level("WARNING", logger="cache_server.client"):
+            got = client.hidden(pid, [3])
+        plain = client.hidden(pid, [3], encoding="safetensors")
+    assert got.hidden.tobytes() == plain.hidden.tobytes()
+    assert any("does not match its checksum; asking again" in r.getMessage() for r in caplog.records)

@@ -352,7 +352,7 @@ def test_chunks_overwritten_after_publishing_fail_their_checksums(open_store: Op
     # A valid chunk of the same size from another capture of the same shape.
     _, other = arrays.array_objects(as_numpy(make_layer(7, torch.bfloat16)).view(np.uint16), compress=True)
     store.blobs.put(chunk_of(store, "p1", 1, 0), other[0])
-    with pytest.raises(StoreCorrupt, match="layer 1: chunk 0 does not match its checksum"):
+    with pytest.raises(StoreCorrupt, match=r"layer 1: chunk 0\b.* does not match its checksum"):
         read(store, "p1", [0, 1])
     # The layer's metadata rewritten with checksums to match: the manifest's checksum catches it.
     meta, _ = arrays.array_objects(as_numpy(make_layer(7, torch.bfloat16)).view(np.uint16), compress=True)
@@ -459,7 +459,7 @@ def test_damaged_chunk_is_corruption_not_garbage(open_store: OpenStore, small_ch
     for layers in ([1], [0, 1]):
         with pytest.raises(
             StoreCorrupt,
-            match=r"layer 1: chunk 1 (is damaged|is truncated|does not decode|does not match its checksum)",
+            match=r"layer 1: chunk 1\b.*(is damaged|is truncated|does not decode|does not match its checksum)",
         ):
             read(store, "p1", layers, 10, 20)
 
