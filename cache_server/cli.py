@@ -7,14 +7,19 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliSettingsSource
 
 from cache_server.settings import PlanSettings, PruneSettings, ServeSettings, TinyModelSettings
+
+if TYPE_CHECKING:  # the commands import what they need when they run: `--help` loads no torch
+    from cache_server.coordination.database import Database
+    from cache_server.store.hidden_store import HiddenStore
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -90,9 +95,9 @@ def _plan(settings: PlanSettings) -> int:
 
 
 def _prune(settings: PruneSettings) -> int:
-    from cache_server.compute.instances import default_db_location
+    from cache_server.compute.instances import default_instance
     from cache_server.compute.sets import SetRegistry
-    from cache_server.coordination.database import Database
+    from cache_server.coordination.holds import PromptHolds
     from cache_server.store.blobs import open_blobs
     from cache_server.store.manifest import StoreError
     from cache_server.store.prune import open_namespace, prune
@@ -103,23 +108,37 @@ def _prune(settings: PruneSettings) -> int:
     keep = parse_layer_list(settings.keep_layers, "--keep-layers")
     if not keep:
         raise ValueError("--keep-layers must name at least one layer")
+    if settings.db is None and settings.store.startswith("s3://"):
+        raise ValueError(
+            "--db is required with an s3:// store: the prune takes capture leases in the servers' database"
+        )
     try:
         store = open_namespace(open_blobs(settings.store), settings.namespace)
     except StoreError as e:
         raise ValueError(str(e)) from e
-    with store:
+    with store, _prune_database(settings, store) as db:
         ids = [p for p in settings.prompts.split(",") if p] if settings.prompts is not None else None
         if settings.set is not None:
-            db = Database(settings.db or default_db_location(store))
-            try:
-                ids = SetRegistry(db, store.namespace).members(settings.set)
-            finally:
-                db.close()
+            ids = SetRegistry(db, store.namespace).members(settings.set)
             if ids is None:
                 raise ValueError(f"no set named {settings.set!r} in namespace {store.namespace}")
-        result = prune(store, keep, ids, grace_s=settings.grace_s)
+        holds = PromptHolds(db, store.namespace, f"prune-{default_instance()}")
+        result = prune(store, keep, ids, grace_s=settings.grace_s, leases=holds)
     print("\n".join(result.lines()))
     return 0
+
+
+@contextmanager
+def _prune_database(settings: PruneSettings, store: HiddenStore) -> Iterator[Database]:
+    """The servers' coordination database (`--db`, default the local store's), closed after."""
+    from cache_server.compute.instances import default_db_location
+    from cache_server.coordination.database import Database
+
+    db = Database(settings.db or default_db_location(store))
+    try:
+        yield db
+    finally:
+        db.close()
 
 
 def _tiny_model(out_dir: Path, tiny: TinyModelSettings) -> int:

@@ -8,9 +8,11 @@ CacheServerError
 │   ├── UnknownPrompts      a job names prompt ids that are not registered
 │   ├── UnknownSets         a request names prompt sets that do not exist
 │   ├── InvalidCheckpointPath  a job's checkpoint is outside the root, missing or not a checkpoint
-│   └── StorageExceeded     a registration would take a local store past its free space
+│   └── StorageExceeded     a registration would take a local store past its free space, or a
+│                           capture's write found the store full
 ├── Unauthorized            a write without the server's bearer token (401)
 ├── JobsDisabled            job submission without --checkpoint-root (403)
+├── StoreReadOnly           a registration or capture on a server whose store is read-only (403)
 ├── PromptNotFound          no prompt with that id is registered (404)
 ├── JobNotFound             no job with that id (404)
 ├── ReportNotReady          the job has no report yet (404)
@@ -21,9 +23,15 @@ CacheServerError
 ├── JobFailed               the job failed, so it will never have a report (409)
 ├── JobRunning              a running job cannot be deleted (409)
 └── LeaseLost               a worker quoted a lease the job no longer holds (409)
+
+A failed capture is recorded as text in the capture table (`failure_text`), which every server
+reads back as its error (`capture_failed`): a full or read-only store keeps its own code there.
 """
 
 from __future__ import annotations
+
+import errno
+import os
 
 from schemas.errors import ErrorCode
 
@@ -53,7 +61,8 @@ class InvalidLayers(InvalidRequest):
 
 
 class StorageExceeded(InvalidRequest):
-    """Registering these prompts would take a local store past its free space (the numbers say how far)."""
+    """Registering these prompts would take a local store past its free space (the numbers say how far),
+    or a capture's write found the store full (nothing of it is left: free space, register it again)."""
 
     code = ErrorCode.storage_exceeded
 
@@ -127,6 +136,12 @@ class JobsDisabled(CacheServerError):
     code = ErrorCode.jobs_disabled
 
 
+class StoreReadOnly(CacheServerError):
+    """The server's store is read-only: it serves the prompts stored, and registers and captures none."""
+
+    code = ErrorCode.store_read_only
+
+
 class JobNotFound(CacheServerError):
     """No job with that id."""
 
@@ -155,3 +170,41 @@ class JobRunning(CacheServerError):
     """A running job cannot be deleted; it can once it is done or failed."""
 
     code = ErrorCode.job_running
+
+
+# -- failed captures: recorded as text in the capture table, read back by every server ----------------
+
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT}
+_NO_WRITES = {errno.EROFS, errno.EACCES, errno.EPERM}
+_CAPTURE_CODES: dict[str, type[CacheServerError]] = {c.code.value: c for c in (StorageExceeded, StoreReadOnly)}
+
+
+def store_write_error(error: Exception) -> Exception:
+    """A store write's error as the server reports it: StorageExceeded for a full file system or quota,
+    StoreReadOnly for one that refuses writes; any other error as it is. Named by its `strerror`
+    alone: which file it was is the server's business (its log has it)."""
+    number = error.errno if isinstance(error, OSError) and error.errno is not None else -1
+    if number in _NO_ROOM:
+        why = f"the store ran out of space writing it ({os.strerror(number)})"
+        found: CacheServerError = StorageExceeded(f"{why}; not retried by itself: free space, then register it again")
+    elif number in _NO_WRITES:
+        found = StoreReadOnly(f"the store refused the write ({os.strerror(number)})")
+    else:
+        return error
+    found.__cause__ = error  # logged with it: which write failed, and where
+    return found
+
+
+def failure_text(error: Exception) -> str:
+    """What the capture table records of a failure: `<code>: message` for the errors that keep their code
+    (`capture_failed` reads it back), else `<exception type>: message`."""
+    if isinstance(error, CacheServerError) and error.code.value in _CAPTURE_CODES:
+        return f"{error.code.value}: {error}"
+    return f"{type(error).__name__}: {error}"
+
+
+def capture_failed(prompt_id: str, recorded: str | None) -> CacheServerError:
+    """The error a request for a prompt whose capture failed gets: the recorded code's (a full or
+    read-only store), else PromptFailed."""
+    cls = _CAPTURE_CODES.get((recorded or "").partition(":")[0], PromptFailed)
+    return cls(f"prompt {prompt_id} failed: {recorded}")

@@ -49,9 +49,12 @@ class PruneSettings(BaseSettings):
     keep_layers: str = Field(description="the comma-separated layers to keep (GET /layers/usage: what jobs read)")
     namespace: str | None = Field(default=None, description="the target fingerprint to prune (default: the only one)")
     prompts: str | None = Field(default=None, description="comma-separated prompt ids (default: every stored prompt)")
-    set: str | None = Field(default=None, description="prune only the prompts of this set (needs the database)")
+    set: str | None = Field(default=None, description="prune only the prompts of this set")
     db: str | None = Field(
-        default=None, description="the coordination database (default: jobs.sqlite in a local store)"
+        default=None,
+        description="the coordination database shared by every server on the store (the prune takes each "
+        "prompt's capture lease there): postgresql://user:pass@host/db, a SQLite path or sqlite:///path "
+        "(default: jobs.sqlite in a local store; required with an s3:// store)",
     )
     grace_s: float = Field(
         default=30.0,
@@ -91,6 +94,11 @@ class ServeSettings(BaseSettings):
         default=60.0,
         ge=0,
         description="/metrics' stored bytes per namespace and layer are rescanned at most this often",
+    )
+    read_only: bool = Field(
+        default=False,
+        description="never write the store: serve what is stored, refuse registrations and captures (403 "
+        "store_read_only); a local store that refuses a write probe at start is served so anyway",
     )
     orphan_grace_s: float = Field(
         default=900.0, ge=0, description="unpublished store objects older than this are removed on start"

@@ -2,7 +2,8 @@
 + ml_dtypes only: importing anything here never loads torch.
 
 Bodies: prompts (`prompts.py`), the target (`model.py`), the tensor endpoints (`hidden.py`,
-`pieces.py`, framed by `safetensors_frame.py`, the stored blocks' checksums `block_digests.py`), jobs (`jobs.py`), what an evaluation measures
+`pieces.py` with the stored blocks' checksums `block_digests.py`, framed by `safetensors_frame.py`),
+jobs (`jobs.py`), what an evaluation measures
 (`eval_spec.py`, EAGLE trees in `trees.py`), its report (`report.py`) and the parity report
 (`parity.py`); a capture's storage projected before it starts (`plan.py`) and how it is kept, exact
 or FP8 (`storage.py`, its values `fp8.py`); the completions request sent to a serving engine

@@ -25,6 +25,7 @@ class ErrorCode(StrEnum):
     # 401 / 403: access
     unauthorized = "unauthorized"
     jobs_disabled = "jobs_disabled"
+    store_read_only = "store_read_only"  # the server's store is read-only: it registers and captures nothing
     # 404: nothing there (yet)
     not_found = "not_found"
     prompt_not_found = "prompt_not_found"
@@ -65,6 +66,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.bad_http_request: 400,
     ErrorCode.unauthorized: 401,
     ErrorCode.jobs_disabled: 403,
+    ErrorCode.store_read_only: 403,
     ErrorCode.not_found: 404,
     ErrorCode.prompt_not_found: 404,
     ErrorCode.job_not_found: 404,

@@ -12,4 +12,8 @@ they are checked against. Not installed with the package; run from the repositor
   vLLM (`engine.py`), a lossless speculative-sampling test engine with vLLM's API (`spec_engine.py`),
   Postgres (`postgres.py`), moto's S3 (`s3.py`), headless Chromium (`browser.py`), a Docker engine and
   the images (`docker.py`).
+- Crash consistency of the store: file-system operations recorded, and broken protocols
+  (`file_ops_log.py`), every disk state a power loss may leave, materialised and checked
+  (`crash_states.py`), each S3 write faulted in turn (`s3_faults.py`), and the workloads and what a
+  store must show after a crash (`store_check.py`).
 """

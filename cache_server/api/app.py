@@ -3,6 +3,8 @@ the routes."""
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -21,8 +23,10 @@ from cache_server.coordination.database import Database
 from cache_server.generation.startup import checked_engine
 from cache_server.jobs.queue import JobStore
 from cache_server.settings import ServeSettings
+from cache_server.store.blobs import Blobs, open_blobs
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.ram_cache import RamCache
+from cache_server.store.read_only import ReadOnlyBlobs, write_refused
 from cache_server.store.usage import StoredBytesScan
 
 DESCRIPTION = (
@@ -32,10 +36,33 @@ DESCRIPTION = (
     "HTTP parser's limit (about 64 KiB); a longer one gets a 400 `bad_http_request`."
 )
 
+log = logging.getLogger(__name__)
+
+
+def open_store_blobs(settings: ServeSettings) -> Blobs:
+    """The store's objects: read-only (`ReadOnlyBlobs`) with `--read-only` (nothing is written, not even
+    a probe) or when a local store refuses a write probe, and then the coordination database must be
+    named (`--db`): its default lives in the store."""
+    blobs = open_blobs(settings.store)
+    refused = None if settings.read_only else write_refused(blobs)
+    if not settings.read_only and refused is None:
+        return blobs
+    reason = "--read-only" if refused is None else refused.strerror or str(refused)
+    if settings.db is None:
+        raise ValueError(
+            f"store {blobs.location} is read-only ({reason}), and the coordination database defaults to a "
+            "file in it: pass --db (a copy of its jobs.sqlite elsewhere, or the database its writers share)"
+        )
+    log.warning(
+        "store %s is read-only (%s): serving what it holds, registering and capturing nothing", blobs.location, reason
+    )
+    return ReadOnlyBlobs(blobs, reason)
+
 
 def build_service(settings: ServeSettings) -> HiddenStateService:
     """Load the target, check the engine that generates its responses (when there is one) and open
     its store namespace; EngineUnfit when the engine cannot serve as this target's generator."""
+    blobs = open_store_blobs(settings)  # before the weights load: a read-only store without --db fails now
     target = Target(
         settings.model,
         device=settings.device,
@@ -57,14 +84,14 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
     if ram is not None:
         metrics.watch_ram_cache(ram)
     store = HiddenStore(
-        settings.store,
+        blobs,
         fingerprint=target.info.fingerprint,
         model_name=target.info.name,
         hidden_size=target.info.hidden_size,
         dtype=target.info.dtype,
         read_threads=settings.read_threads,
         ram_cache=ram,
-        orphan_grace_s=settings.orphan_grace_s,
+        orphan_grace_s=math.inf if isinstance(blobs, ReadOnlyBlobs) else settings.orphan_grace_s,  # inf: no sweep
         storage=target.info.storage,
     )
     metrics.watch_stored_bytes(StoredBytesScan(store.blobs, settings.stored_bytes_refresh_s))

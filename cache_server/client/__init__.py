@@ -27,6 +27,7 @@ from cache_server.client.errors import (
     ReportNotReadyError,
     ServerError,
     ServerUnreachable,
+    StoreReadOnlyError,
     UnauthorizedError,
 )
 from cache_server.client.jobs import JobsClient
@@ -54,6 +55,7 @@ __all__ = [
     "ReportNotReadyError",
     "ServerError",
     "ServerUnreachable",
+    "StoreReadOnlyError",
     "TargetHeads",
     "UnauthorizedError",
 ]

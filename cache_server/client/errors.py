@@ -8,6 +8,7 @@ CacheClientError
     ├── InvalidRequestError     422: bad prompts, layers, ranges, job fields or checkpoint paths
     ├── UnauthorizedError       401: a write without the server's bearer token
     ├── JobsDisabledError       403: the server takes no jobs (no --checkpoint-root)
+    ├── StoreReadOnlyError      403: the server's store is read-only (no registrations, no captures)
     ├── NotFoundError           404: unknown prompt, job or route
     │   └── ReportNotReadyError     report_not_ready: the job is queued or running
     ├── ConflictError           409: the resource's state refuses the request
@@ -63,6 +64,10 @@ class JobsDisabledError(ApiError):
     """403 jobs_disabled: the server was started without --checkpoint-root."""
 
 
+class StoreReadOnlyError(ApiError):
+    """403 store_read_only: the server's store is read-only; it serves what is stored and captures nothing."""
+
+
 class NotFoundError(ApiError):
     """404: unknown prompt id, job id or route."""
 
@@ -110,6 +115,7 @@ _BY_CODE: dict[ErrorCode, type[ApiError]] = {
     ErrorCode.storage_exceeded: InvalidRequestError,
     ErrorCode.unauthorized: UnauthorizedError,
     ErrorCode.jobs_disabled: JobsDisabledError,
+    ErrorCode.store_read_only: StoreReadOnlyError,
     ErrorCode.not_found: NotFoundError,
     ErrorCode.prompt_not_found: NotFoundError,
     ErrorCode.job_not_found: NotFoundError,

@@ -36,6 +36,11 @@ class Metrics:
             "Generation requests the serving engine did not answer (unreachable or 5xx), each retried.",
             registry=self.registry,
         )
+        self.stored_data_corrupt = Counter(
+            "cache_server_stored_data_corrupt",
+            "Reads that found stored bytes failing their checksums (answered 503, the layers captured again).",
+            registry=self.registry,
+        )
         self.compute_seconds = Histogram(
             "cache_server_compute_seconds",
             "Wall time of one batched target forward (generation excluded).",

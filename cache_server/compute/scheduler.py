@@ -5,8 +5,7 @@ Capture work lives in the coordination database (`CaptureQueue`), shared by ever
 this server claims it under a lease (renewed while it computes), so each (prompt, missing layers) is
 computed once across all servers, and a dead server's work is taken over when its lease expires.
 Waiters are woken when a capture finishes (`finished`): on this server, or on another one through the
-database's notices (Postgres); without them, work finished elsewhere is seen by polling.
-"""
+database's notices (Postgres); without them, work finished elsewhere is seen by polling."""
 
 from __future__ import annotations
 
@@ -26,10 +25,11 @@ from cache_server.compute.registry import Registration, Registry
 from cache_server.compute.responses import ComputeTask, Responses
 from cache_server.coordination.captures import CaptureQueue
 from cache_server.coordination.notices import Notice
-from cache_server.errors import PromptFailed
+from cache_server.errors import StoreReadOnly, capture_failed, failure_text, store_write_error
 from cache_server.generation.engine import EngineClient
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
+from cache_server.store.read_only import is_read_only
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class Scheduler:
     layers), given with the prompt, or generated: by the target itself on the compute thread,
     `generate_batch` sequences per `generate` call (a generation error fails that call's prompts), or
     by a serving engine (`engine`), up to `generator_concurrency` requests in flight while the target
-    captures the prompts already answered. A capture error fails its whole batch."""
+    captures the prompts already answered. A capture error fails its whole batch, a store write's its prompt."""
 
     def __init__(
         self,
@@ -61,11 +61,8 @@ class Scheduler:
         generator_concurrency: int = 64,
         health: Health | None = None,
     ) -> None:
-        self.target = target
-        self.store = store
-        self.metrics = metrics
-        self.captures = captures
-        self.registry = registry
+        self.target, self.store, self.metrics = target, store, metrics
+        self.captures, self.registry = captures, registry
         self.health = health if health is not None else Health(bound_s=30.0)
         self.capture_layers = sorted(capture_layers)
         self._batch_tokens = batch_tokens
@@ -74,7 +71,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._held: set[str] = set()  # claimed by this server, not yet finished
         self._finished: dict[str, Future[None]] = {}
-        self._wake = threading.Event()
+        self._wake, self._stopping = threading.Event(), threading.Event()
         self.responses = Responses(
             target,
             store,
@@ -85,7 +82,6 @@ class Scheduler:
             wake=self._wake.set,
             on_engine_error=metrics.generator_errors.inc,
         )
-        self._stopping = threading.Event()
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-writer")
         self._thread = threading.Thread(target=self._compute_loop, name="target-compute", daemon=True)
         self._renewer = threading.Thread(target=self._renew_loop, name="capture-leases", daemon=True)
@@ -106,8 +102,7 @@ class Scheduler:
         self._renewer.start()
 
     def close(self) -> None:
-        """Finish the batch in hand, publish it and stop; work not started (generations in flight
-        included) goes back to the queue."""
+        """Publish the batch in hand and stop; work not started (generations in flight too) goes back to the queue."""
         self._stopping.set()
         self.health.stopping()
         self._wake.set()
@@ -131,9 +126,9 @@ class Scheduler:
         known: Mapping[str, PromptManifest | None] = MappingProxyType({}),
     ) -> None:
         """Make sure some server will compute the `layers` of each of `regs` that are not stored (for a
-        new prompt, the capture layers too), in one transaction; PromptFailed if the target failed on
-        one. `retry_failed` (a registration) queues failed ones again; `known`: manifests the caller
-        just read (None: nothing stored), not read again."""
+        new prompt, the capture layers too), in one transaction; StoreReadOnly if this server may not
+        write, and `capture_failed`'s error once a capture of one has failed. `retry_failed` (a
+        registration) queues failed ones again; `known`: manifests the caller just read (None: none)."""
         wanted: dict[str, set[int]] = {}
         for reg in regs:
             pid = reg.prompt_id
@@ -143,11 +138,17 @@ class Scheduler:
                 wanted[reg.prompt_id] = missing
         if not wanted:
             return
+        self.check_writable()
         states = self.captures.request_many(wanted, retry_failed=retry_failed)
         self._wake.set()
         for prompt_id, state in states.items():
             if state.status == "failed":
-                raise PromptFailed(f"prompt {prompt_id} failed: {state.error}")
+                raise capture_failed(prompt_id, state.error)  # PromptFailed, or the store's own code
+
+    def check_writable(self) -> None:
+        """StoreReadOnly if the store is read-only: this server serves what is stored and captures nothing."""
+        if is_read_only(self.store.blobs):
+            raise StoreReadOnly("this server's store is read-only: it serves the prompts stored, and captures none")
 
     def finished(self, prompt_id: str) -> Future[None]:
         """Resolves when a capture of `prompt_id` next finishes (published or failed): on this server,
@@ -197,14 +198,14 @@ class Scheduler:
         """Claim work while a capture batch or a generation slot has room."""
         while (
             not self._stopping.is_set()
+            and not is_read_only(self.store.blobs)  # work queued by servers that may write is theirs
             and self.responses.ready_tokens() < self._batch_tokens
             and self.responses.generating() < self.responses.slots
         ):
             claimed = self.captures.claim()
             if claimed is None:
                 return
-            task = self._task_for(claimed.prompt_id, set(claimed.layers))
-            if task is not None:
+            if (task := self._task_for(claimed.prompt_id, set(claimed.layers))) is not None:
                 self.responses.add(task)
 
     def _task_for(self, pid: str, layers: set[int]) -> ComputeTask | None:
@@ -253,20 +254,19 @@ class Scheduler:
                 self.health.ok("capture-lease")
 
     def _publish(self, task: ComputeTask, seq: list[int], out: Captured) -> None:
-        layers = {k: out.states[k] for k in task.layers}
         try:
             self.store.write(
                 task.reg.prompt_id,
                 np.asarray(seq, dtype=np.int64),
                 task.reg.prompt_len,
-                layers,
+                {k: out.states[k] for k in task.layers},
                 greedy_mismatches=out.greedy_mismatches,
                 outside_support=out.outside_support,
                 generator=task.generator,
                 sampling=task.reg.sampling,
             )
-        except Exception as e:
-            self._fail(task.reg.prompt_id, e)
+        except Exception as e:  # a full disk fails this prompt alone, as storage_exceeded
+            self._fail(task.reg.prompt_id, store_write_error(e))
             return
         self._finish(task.reg.prompt_id)
 
@@ -282,7 +282,7 @@ class Scheduler:
         log.error("prompt %s failed: %s", prompt_id, error, exc_info=error)
         self.metrics.prompts_failed.inc()
         try:
-            self.captures.fail(prompt_id, f"{type(error).__name__}: {error}")
+            self.captures.fail(prompt_id, failure_text(error))
         except Exception as e:  # released all the same: its lease expires and the prompt is tried again
             log.error("prompt %s: its failure could not be recorded: %s", prompt_id, e)
         self._release(prompt_id)

@@ -16,6 +16,7 @@ from cache_server.compute.instances import default_db_location, default_instance
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.prompt_states import PromptStates
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
+from cache_server.compute.room import check_room
 from cache_server.compute.scheduler import Scheduler
 from cache_server.compute.sets import SetRegistry
 from cache_server.coordination.captures import CaptureQueue
@@ -25,12 +26,12 @@ from cache_server.errors import (
     InvalidPrompt,
     PromptNotReady,
     ServerUnhealthy,
-    StorageExceeded,
     StoredDataCorrupt,
 )
 from cache_server.generation.engine import EngineClient
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest, StoreCorrupt
+from cache_server.store.read_only import is_read_only
 from cache_server.store.usage import CodecRatio, free_bytes
 from cache_server.torch_utils import dtype_name
 from schemas.dtypes import DTypeName
@@ -92,7 +93,6 @@ class HiddenStateService:
             health=self.health,
         )
         self._wait_s = wait_s
-        # Row blocks of streamed bodies decode here, in order, each over all the store's read threads.
 
     @property
     def capture_layers(self) -> list[int]:
@@ -107,7 +107,8 @@ class HiddenStateService:
         todo = [
             r for r in self.registry.all() if r.prompt_id not in captures and self.store.manifest(r.prompt_id) is None
         ]
-        self.scheduler.request_many(todo, self.capture_layers, known=dict.fromkeys(r.prompt_id for r in todo))
+        if not is_read_only(self.store.blobs):  # else they wait for a server that may write the store
+            self.scheduler.request_many(todo, self.capture_layers, known=dict.fromkeys(r.prompt_id for r in todo))
         self.scheduler.start()
 
     def close(self) -> None:
@@ -144,6 +145,7 @@ class HiddenStateService:
 
     def register(self, specs: Sequence[PromptSpec], generate: GenerateSpec | None) -> list[RegisteredPrompt]:
         """Validate every prompt first (all or nothing), then queue the new ones (and failed ones again)."""
+        self.scheduler.check_writable()  # a read-only store: no registration at all, rather than some
         per_spec = [self._registrations(spec, generate) for spec in specs]
         regs = [r for samples in per_spec for r in samples]
         self._check_room(regs)
@@ -184,18 +186,10 @@ class HiddenStateService:
         return self.plan(len(new), sum(r.prompt_len + len(r.response_ids or ()) + (r.max_new_tokens or 0) for r in new))
 
     def _check_room(self, regs: Sequence[Registration]) -> None:
-        """StorageExceeded, before anything is written, if the new prompts' capture layers would not fit
-        a local store."""
-        if free_bytes(self.store) is None:
-            return
-        plan = self._planned(regs)
-        if plan.fits is False:
-            raise StorageExceeded(
-                f"{plan.prompts} new prompts of up to {plan.tokens} tokens would store about "
-                f"{plan.capture_layers_bytes} bytes ({len(plan.capture_layers)} layers x "
-                f"{plan.bytes_per_token_per_layer} bytes per token, "
-                f"codec ratio {plan.codec_ratio:.2f}); the store has {plan.free_bytes} bytes free"
-            )
+        """StorageExceeded, before anything is written, if the new prompts' capture layers, and what the
+        prompts registered but not captured yet will write, would not fit a local store (`room.py`)."""
+        if free_bytes(self.store) is not None:
+            check_room(self._planned(regs), self.prompts.captures, self.registry)
 
     def _registrations(self, spec: PromptSpec, generate: GenerateSpec | None) -> list[Registration]:
         """One registration per response: the given one, or each sample `generate` asks for."""
@@ -289,8 +283,9 @@ class HiddenStateService:
     def recapture(self, prompt_id: str, error: StoreCorrupt) -> StoredDataCorrupt:
         """Stored bytes of a published prompt do not decode: its bad layers are no longer served (its
         manifest is published without them) and are queued for capture; the error to answer with."""
-        if not error.layers:
-            log.error("prompt %s: %s; not served", prompt_id, error)  # its token ids: no layer capture mends them
+        self.metrics.stored_data_corrupt.inc()
+        if not error.layers or is_read_only(self.store.blobs):  # token ids no capture mends, or no capture
+            log.error("prompt %s: %s; not served", prompt_id, error)
             return StoredDataCorrupt(f"{error}; not served", retry_after_s=None)
         log.error("prompt %s: %s; capturing layers %s again", prompt_id, error, list(error.layers))
         self.store.forget_layers(prompt_id, error.layers)

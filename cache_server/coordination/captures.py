@@ -213,6 +213,14 @@ class CaptureQueue:
             rows = c.execute(select(*columns).where(CAPTURES.c.namespace == self.namespace))
             return {r.prompt_id: CaptureState(r.status, r.owner, r.error, bool(r.published)) for r in rows}
 
+    def unwritten(self) -> dict[str, tuple[int, ...]]:
+        """The layers each queued or running capture will write (one query, for the free-space check)."""
+        columns = (CAPTURES.c.prompt_id, CAPTURES.c.layers, CAPTURES.c.more)
+        busy = CAPTURES.c.status.in_(("queued", "running"))
+        with self.db.read() as c:
+            rows = c.execute(select(*columns).where(CAPTURES.c.namespace == self.namespace, busy))
+            return {r.prompt_id: tuple(sorted(set(json.loads(r.layers)) | set(json.loads(r.more)))) for r in rows}
+
     def _mine(self) -> ColumnElement[bool]:
         return and_(
             CAPTURES.c.namespace == self.namespace, CAPTURES.c.status == "running", CAPTURES.c.owner == self.owner

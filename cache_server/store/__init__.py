@@ -4,6 +4,8 @@ with durable local writes (`durable.py`), their manifest (`manifest.py`) and hie
 (`hierarchy.py`), the codec and array objects (`chunks.py`), reads without zarr (`blosc_reader.py`,
 `reader.py`), stored rows from RAM or the objects (`stored_rows.py`), decoded layers kept in RAM
 (`ram_cache.py`), an FP8 store's quantizer and scales (`fp8.py`), orphans of interrupted writes
-(`recovery.py`), layers dropped by `cache-server prune` (`prune.py`), and the codec ratio measured,
-the bytes stored and the free space a store has (`usage.py`).
+(`recovery.py`), layers dropped by `cache-server prune` (`prune.py`) and its record of what it will
+delete (`prune_record.py`), a store opened read-only
+(`read_only.py`), and the codec ratio measured, the bytes stored and the free space a store has
+(`usage.py`).
 """

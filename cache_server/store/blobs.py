@@ -12,14 +12,14 @@ The S3 backend is `s3_blobs.py`.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from cache_server.store.durable import replace_file
+from cache_server.store.durable import OS, FileOps, fsync_parents, make_dirs, replace_file
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,39 @@ class Blobs(Protocol):
         """A zarr store rooted at `prefix`, for reading with (or, in tests, writing through) zarr."""
 
 
+class ReadsOf:
+    """Objects read from another store's (`inner`): the base of a store that changes only how it writes
+    (`read_only.ReadOnlyBlobs`; a test's fault layer)."""
+
+    def __init__(self, inner: Blobs) -> None:
+        self.inner = inner
+        self.location = inner.location
+
+    def open(self, key: str) -> Opened:
+        """`inner`'s."""
+        return self.inner.open(key)
+
+    def get(self, key: str) -> bytes | None:
+        """`inner`'s."""
+        return self.inner.get(key)
+
+    def children(self, prefix: str) -> list[str]:
+        """`inner`'s."""
+        return self.inner.children(prefix)
+
+    def objects(self, prefix: str, *, recursive: bool = True) -> Iterator[ObjectInfo]:
+        """`inner`'s."""
+        return self.inner.objects(prefix, recursive=recursive)
+
+    def exists(self, key: str) -> bool:
+        """`inner`'s."""
+        return self.inner.exists(key)
+
+    def zarr_store(self, prefix: str, *, read_only: bool = True) -> Any:
+        """`inner`'s."""
+        return self.inner.zarr_store(prefix, read_only=read_only)
+
+
 def open_blobs(location: str) -> Blobs:
     """`s3://bucket/prefix` -> `S3Blobs`; anything else is a local directory."""
     if location.startswith("s3://"):
@@ -106,11 +139,13 @@ class _LocalOpened:
 
 
 class LocalBlobs:
-    """Objects as files under `root`; `put` writes aside, fsyncs and renames."""
+    """Objects as files under `root`; `put` writes aside, fsyncs and renames. Every change to the
+    directory goes through `ops` (`durable.FileOps`: the OS; crash tests pass one that records)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, ops: FileOps = OS) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.ops = ops
+        fsync_parents(make_dirs(self.root, ops), ops)
         self.location = str(self.root)
 
     def open(self, key: str) -> Opened:
@@ -127,16 +162,20 @@ class LocalBlobs:
     def put(self, key: str, data: bytes | memoryview, *, create: bool = False) -> None:
         """Written aside, fsynced and renamed over the file (hard-linked, for `create`)."""
         path = self.root / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(path, data, exclusive=create)
+        made = make_dirs(path.parent, self.ops)
+        replace_file(path, data, exclusive=create, ops=self.ops)
+        # After the file: until it exists, an orphan sweep may take its empty new directories for stale.
+        fsync_parents(made, self.ops)
 
     def delete(self, prefix: str) -> None:
-        """The file, or the directory tree."""
+        """The file, or the directory tree. Not fsynced: what a power loss brings back is unpublished,
+        an orphan the next sweep removes."""
         path = self.root / prefix
         if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+            self.ops.rmtree(path)
+            return
+        with suppress(FileNotFoundError):
+            self.ops.unlink(path)
 
     def children(self, prefix: str) -> list[str]:
         """Subdirectories."""

@@ -183,8 +183,7 @@ class HiddenStore:
         manifest keeps the first write's response checks, `generator` and `sampling`)."""
         check_name(prompt_id, "prompt id")
         ids = publish.check_tokens(token_ids, prompt_len)
-        shape = (len(ids), self.hidden_size)
-        data, scales = publish.stored_layers(layers, shape, self.dtype, self.storage)
+        data, scales = publish.stored_layers(layers, (len(ids), self.hidden_size), self.dtype, self.storage)
         sha = token_sha256(ids)
         with self._prompt_lock(prompt_id):
             old = self.manifest(prompt_id, fresh=True)
@@ -202,14 +201,18 @@ class HiddenStore:
             # it is about to write: a capture's last bits may differ, and so do the checksums.
             self._forget_read(prompt_id, list(data))
             base = f"{self._prompts}/{prompt_id}"
-            ids_to_write = ids if old is None else None
-            crc32, scale_crc32 = publish.put_prompt(self.blobs, self._writers, base, data, ids_to_write, scales)
-            if old is not None:
-                return self._publish(with_layers(old, crc32, scale_crc32), new=False)
-            new = first_manifest(
-                prompt_id, ids, prompt_len, crc32, scale_crc32, greedy_mismatches, generator, **self._identity
-            ).model_copy(update={"sampling": sampling, "outside_support": outside_support})
-            return self._publish(new, new=True)
+            crc32, scale_crc32 = publish.put_prompt(
+                self.blobs, self._writers, base, data, ids if old is None else None, scales
+            )
+            m = (
+                with_layers(old, crc32, scale_crc32)
+                if old is not None
+                else first_manifest(
+                    prompt_id, ids, prompt_len, crc32, scale_crc32, greedy_mismatches, generator, **self._identity
+                ).model_copy(update={"sampling": sampling, "outside_support": outside_support})
+            )
+            publish_it = partial(self._publish, m, new=old is None)
+            return publish.published_or_discarded(self.blobs, base, crc32, scale_crc32, publish_it)
 
     def forget_layers(self, prompt_id: str, layers: Sequence[int]) -> tuple[int, ...]:
         """Stop serving `layers` of a published prompt (their files do not decode, or are pruned): its

@@ -21,15 +21,18 @@ from sqlalchemy import create_engine, select
 from cache_server.client import CacheClient
 from cache_server.coordination.database import database_url
 from cache_server.coordination.tables import CAPTURES
+from cache_server.store.blobs import open_blobs
 from cache_server.store.hidden_store import HiddenStore
 from testing.fleet import Fleet
 from testing.postgres import fresh_database
 from testing.s3 import fresh_prefix
 from testing.servers import server_metric
+from tests.cache_server.published import unpublished
 from tests.cache_server.reference import direct_layer_outputs
 
 pytestmark = pytest.mark.slow
 LAYERS = "0,3,5"
+KILLS = {"local": 20, "s3": 5}  # a local store's writes leave temporary files: where leftovers were found
 COMPUTED = "cache_server_prompts_computed_total"
 
 
@@ -38,6 +41,19 @@ def fleet(tiny_target: Path, tmp_path: Path, s3_env: dict[str, str], postgres_ur
     """No server yet: one fresh S3 prefix and one fresh Postgres database for the test's servers."""
     db = fresh_database(postgres_url, f"t_{uuid.uuid4().hex[:12]}")
     fleet = Fleet(tiny_target, fresh_prefix(), db, tmp_path)
+    yield fleet
+    fleet.stop()
+
+
+@pytest.fixture(params=list(KILLS))
+def any_fleet(request: pytest.FixtureRequest, tiny_target: Path, tmp_path: Path, postgres_url: str) -> Iterator[Fleet]:
+    """`fleet` on an S3 prefix, and on a local directory (whose writes are renames: temporary files)."""
+    if request.param == "s3":
+        yield request.getfixturevalue("fleet")
+        return
+    fleet = Fleet(
+        tiny_target, str(tmp_path / "store"), fresh_database(postgres_url, f"t_{uuid.uuid4().hex[:12]}"), tmp_path
+    )
     yield fleet
     fleet.stop()
 
@@ -120,11 +136,13 @@ def _read_while_killing(
         stop.wait(0.2)
 
 
-def test_servers_killed_mid_capture_lose_nothing_and_compute_nothing_twice(fleet: Fleet) -> None:
+def test_servers_killed_mid_capture_lose_nothing_and_compute_nothing_twice(any_fleet: Fleet) -> None:
+    fleet = any_fleet
     fleet.extra = ("--batch-tokens", "72", "--capture-lease-s", "2", "--wait-s", "1")
     for i in range(3):
         fleet.start(f"s{i}")
-    ids = register(fleet.url("s0"), 60, max_new_tokens=32)
+    kills = KILLS["s3" if fleet.store.startswith("s3://") else "local"]
+    ids = register(fleet.url("s0"), max(60, 10 * kills), max_new_tokens=32)  # enough running captures to kill
     engine = create_engine(database_url(fleet.db))
     seen: dict[str, tuple[bytes, datetime]] = {}
     errors: list[str] = []
@@ -134,7 +152,7 @@ def test_servers_killed_mid_capture_lose_nothing_and_compute_nothing_twice(fleet
     killed: list[str] = []
     try:
         deadline = time.monotonic() + 240
-        while len(killed) < 5:
+        while len(killed) < kills:
             assert time.monotonic() < deadline, f"only {len(killed)} kills before the captures ran out"
             with engine.connect() as c:  # a server that holds a running capture right now
                 owners = set(c.scalars(select(CAPTURES.c.owner).where(CAPTURES.c.status == "running")))
@@ -158,7 +176,7 @@ def test_servers_killed_mid_capture_lose_nothing_and_compute_nothing_twice(fleet
     assert set(seen) == set(ids)
     with engine.connect() as c:
         rows = c.execute(select(CAPTURES.c.status, CAPTURES.c.published)).all()
-    assert len(rows) == 60 and all(r.status == "done" and r.published for r in rows)
+    assert len(rows) == len(ids) and all(r.status == "done" and r.published for r in rows)
     # Every prompt was published once: its manifest is the one that existed when it was first served.
     info = httpx.get(f"{live[0]}/model").json()
     with HiddenStore(
@@ -176,3 +194,14 @@ def test_servers_killed_mid_capture_lose_nothing_and_compute_nothing_twice(fleet
         assert {hidden(url, pid) for url in live} == {seen[pid][0]}
     log_text = "".join(p.read_text() for p in fleet.logs.glob("*.log"))
     assert not re.search(r"Traceback|StoreCorrupt", log_text.replace("SIGKILL", "")), log_text[-3000:]
+    fleet.stop()  # then a recovery run: a start that sweeps orphans of any age leaves nothing unpublished
+    blobs, namespace = open_blobs(fleet.store), info["fingerprint"]
+    left = unpublished(blobs, namespace)
+    with HiddenStore(
+        blobs, fingerprint=namespace, model_name=info["name"], hidden_size=64, dtype=torch.float32, orphan_grace_s=0
+    ) as store:
+        swept = store.swept.result()
+    assert unpublished(blobs, namespace) == {}, swept
+    print(
+        f"{len(killed)} kills: {len(left)} unpublished objects ({sum(left.values())} bytes) swept: {sorted(left)[:8]}"
+    )

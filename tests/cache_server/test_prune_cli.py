@@ -4,12 +4,20 @@ bit-identical, by a server that had read the prompt's old manifest."""
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.cli import main
+from cache_server.client import CacheClient
+from testing.servers import running_server, server_metric
 from tests.cache_server.helpers import app_client, metric, register_ready
 
 COMPUTED = "cache_server_prompts_computed_total"
@@ -65,3 +73,51 @@ def test_prune_refuses_what_it_cannot_do(tiny_target: Path, tmp_path: Path, caps
     assert "at least one layer" in capsys.readouterr().err
     assert main([*argv, "1", "--namespace", "other"]) == 2
     assert "name one namespace" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def twelve_layers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("twelve"), layers=12, hidden=64, vocab=512, seed=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grace_s", [0.0, 3.0])
+def test_prune_beside_a_server_that_read_every_layer(twelve_layers: Path, tmp_path: Path, grace_s: float) -> None:
+    store, pruned = tmp_path / "store", "0,2,4,5,6,7,8,9,10,11"
+    with running_server(twelve_layers, store) as url:  # no RAM cache: it would serve the decoded copies it holds
+        with CacheClient(url) as client:
+            ids = [p.prompt_id for p in client.register([{"token_ids": list(range(5 + i, 40 + i))} for i in range(12)])]
+            client.wait_ready(ids, timeout_s=120)
+        before = {pid: _served(url, pid, pruned) for pid in ids}  # every layer read: its array opened
+        computed = server_metric(url, COMPUTED)
+        argv = [sys.executable, "-m", "cache_server.cli", "prune", "--store", str(store), "--keep-layers", "1,3"]
+        proc = subprocess.Popen([*argv, "--grace-s", str(grace_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if grace_s:  # during the grace: the manifests no longer list them, and the old ones still read whole
+            deadline = time.monotonic() + 60
+            while proc.poll() is None and not all(_layers(store, pid) == [1, 3] for pid in ids[:1]):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert {pid: _served(url, pid, pruned) for pid in ids} == before
+        out, err = (s.decode() for s in proc.communicate(timeout=120))
+        assert proc.returncode == 0 and "Traceback" not in out + err, out + err
+        assert "dropped     layers [0, 2, 4, 5, 6, 7, 8, 9, 10, 11]" in out and "12 published, 12 pruned" in out
+        assert all(_layers(store, pid) == [1, 3] for pid in ids)
+        assert server_metric(url, COMPUTED) == computed  # nothing captured again yet
+        assert {pid: _served(url, pid, pruned) for pid in ids} == before  # captured again, bit-identical
+        assert server_metric(url, COMPUTED) == computed + 12  # once per prompt
+        for pid in ids:  # every layer again
+            _served(url, pid, "0,1,2,3,4,5,6,7,8,9,10,11")
+        assert server_metric(url, COMPUTED) == computed + 12
+    assert "Traceback" not in (tmp_path / "store.log").read_text()
+
+
+def _served(url: str, pid: str, layers: str) -> bytes:
+    r = httpx.get(f"{url}/hidden", params={"prompt_id": pid, "layers": layers}, timeout=60)
+    assert r.status_code == 200, r.text  # never a 503
+    return r.content
+
+
+def _layers(store: Path, pid: str) -> list[int]:
+    """The layers a prompt's manifest lists."""
+    manifest = json.loads(next(store.glob(f"*/prompts/{pid}/zarr.json")).read_text())["attributes"]["manifest"]
+    return sorted(manifest["layers"])

@@ -160,7 +160,8 @@ CASES: dict[ErrorCode, tuple[Callable[[CacheClient], Any], type[ApiError]]] = {
 # Reached only through their own servers or requests below, or not sendable by this server at all.
 # server_unhealthy: tests/cache_server/compute/test_health.py (a dead loop would end this module's server);
 # stored_data_corrupt: tests/cache_server/api/test_stored_data_corrupt.py (it corrupts a store's files);
-# storage_exceeded: tests/cache_server/test_plan.py (a store on a 1 MiB file system).
+# storage_exceeded: tests/cache_server/test_plan.py (a store on a 1 MiB file system) and
+# tests/cache_server/test_store_full.py (a capture that fills it); store_read_only: there too (a read-only mount).
 ELSEWHERE = {
     ErrorCode.unauthorized,
     ErrorCode.jobs_disabled,
@@ -168,6 +169,7 @@ ELSEWHERE = {
     ErrorCode.server_unhealthy,
     ErrorCode.stored_data_corrupt,
     ErrorCode.storage_exceeded,
+    ErrorCode.store_read_only,
 }
 
 

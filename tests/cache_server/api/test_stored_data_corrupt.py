@@ -57,6 +57,7 @@ def test_a_corrupt_layer_is_refused_then_captured_again(
             assert again.status_code == 200 and again.content == before
             assert client.get("/hidden", params=query).content == before
         assert metric(client, "cache_server_prompts_computed_total") == computed + 1
+        assert metric(client, "cache_server_stored_data_corrupt_total") == 1
         assert sum("capturing layers [4] again" in r.getMessage() for r in caplog.records) == 1
         assert client.get(f"/prompts/{pid}").json()["layers_stored"] == [0, 1, 2, 3, 4, 5]  # all captured, 4 again
 
@@ -91,3 +92,4 @@ def test_a_row_range_over_a_rotten_block_is_refused_through_the_light_client_the
         again = client.hidden(pid, [2, 4], start=20, stop=60, encoding=encoding)  # waits for the capture
         assert again.hidden.tobytes() == before.hidden.tobytes()
         assert server_metric(url, "cache_server_prompts_computed_total") == computed + 1
+        assert server_metric(url, "cache_server_stored_data_corrupt_total") == 1
