@@ -173,11 +173,12 @@ def _serve(settings: ServeSettings) -> int:
     from cache_server.api.app import build_service, create_app
     from cache_server.api.http_protocol import JsonErrorHttpProtocol
     from cache_server.generation.engine import EngineUnfit
+    from cache_server.store.manifest import StoreInputError
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # before the port opens: an engine that cannot generate this target's responses stops the start
         service = build_service(settings)
-    except EngineUnfit as e:
+    except (EngineUnfit, StoreInputError) as e:
         print(f"cache-server: {e}", file=sys.stderr)
         return 2
     uvicorn.run(

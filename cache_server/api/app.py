@@ -25,8 +25,9 @@ from cache_server.jobs.queue import JobStore
 from cache_server.settings import ServeSettings
 from cache_server.store.blobs import Blobs, open_blobs
 from cache_server.store.hidden_store import HiddenStore
+from cache_server.store.manifest import StoreInputError
 from cache_server.store.ram_cache import RamCache
-from cache_server.store.read_only import ReadOnlyBlobs, write_refused
+from cache_server.store.read_only import ReadOnlyBlobs, is_read_only, write_refused
 from cache_server.store.usage import StoredBytesScan
 
 DESCRIPTION = (
@@ -49,7 +50,7 @@ def open_store_blobs(settings: ServeSettings) -> Blobs:
         return blobs
     reason = "--read-only" if refused is None else refused.strerror or str(refused)
     if settings.db is None:
-        raise ValueError(
+        raise StoreInputError(
             f"store {blobs.location} is read-only ({reason}), and the coordination database defaults to a "
             "file in it: pass --db (a copy of its jobs.sqlite elsewhere, or the database its writers share)"
         )
@@ -61,7 +62,8 @@ def open_store_blobs(settings: ServeSettings) -> Blobs:
 
 def build_service(settings: ServeSettings) -> HiddenStateService:
     """Load the target, check the engine that generates its responses (when there is one) and open
-    its store namespace; EngineUnfit when the engine cannot serve as this target's generator."""
+    its store namespace; EngineUnfit when the engine cannot serve as this target's generator,
+    StoreInputError for a store it cannot open so (read-only without `--db`)."""
     blobs = open_store_blobs(settings)  # before the weights load: a read-only store without --db fails now
     target = Target(
         settings.model,
@@ -91,7 +93,7 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
         dtype=target.info.dtype,
         read_threads=settings.read_threads,
         ram_cache=ram,
-        orphan_grace_s=math.inf if isinstance(blobs, ReadOnlyBlobs) else settings.orphan_grace_s,  # inf: no sweep
+        orphan_grace_s=math.inf if is_read_only(blobs) else settings.orphan_grace_s,  # inf: no sweep
         storage=target.info.storage,
     )
     metrics.watch_stored_bytes(StoredBytesScan(store.blobs, settings.stored_bytes_refresh_s))

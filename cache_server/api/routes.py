@@ -49,7 +49,10 @@ def model(service: ServiceDep) -> ModelInfo:
 
 
 @router.post(
-    "/prompts", status_code=202, dependencies=[WriteAccess], responses=error_responses(E.unauthorized, E.invalid_prompt)
+    "/prompts",
+    status_code=202,
+    dependencies=[WriteAccess],
+    responses=error_responses(E.unauthorized, E.invalid_prompt, E.storage_exceeded, E.store_read_only),
 )
 def register(body: RegisterRequest, service: ServiceDep) -> RegisterResponse:
     """Register prompts (all or none); each is computed once, in the background. Ids are content-addressed."""
@@ -91,6 +94,8 @@ def prompt_state(prompt_id: str, service: ServiceDep) -> PromptState:
         E.prompt_failed,
         E.prompt_not_ready,
         E.stored_data_corrupt,
+        E.storage_exceeded,
+        E.store_read_only,
     ),
 )
 async def hidden(

@@ -134,7 +134,7 @@ class Scheduler:
             pid = reg.prompt_id
             manifest = known[pid] if pid in known else self.store.manifest(pid, fresh=True)
             missing = set(layers) - set(manifest.layers) if manifest is not None else {*layers, *self.capture_layers}
-            if missing:
+            if missing or retry_failed:  # a registration retries a failed capture of stored prompts too
                 wanted[reg.prompt_id] = missing
         if not wanted:
             return

@@ -61,8 +61,8 @@ class CaptureQueue:
         self, wanted: Mapping[str, Iterable[int]], *, retry_failed: bool = False
     ) -> dict[str, CaptureState]:
         """Ask for the layers of each prompt, in one transaction: queued, unless a queued or running capture
-        covers them; a failed prompt stays failed unless `retry_failed` (a re-registration). Each
-        prompt's state after it."""
+        covers them; a failed prompt stays failed unless `retry_failed` (a re-registration), which asks
+        for what failed again as well. Each prompt's state after it (none asked of a prompt without a row)."""
         queued = False
         with self.db.transaction(ordered=True) as c:
             mine = and_(CAPTURES.c.namespace == self.namespace, CAPTURES.c.prompt_id.in_(list(wanted)))
@@ -70,6 +70,11 @@ class CaptureQueue:
             seq = max_seq(c, CAPTURES.c.seq, CAPTURES.c.namespace == self.namespace)
             for prompt_id, asked in wanted.items():
                 layers, row = sorted(set(asked)), rows.get(prompt_id)
+                if row is not None and row.status == "failed" and retry_failed:
+                    # What failed is asked for again too (layers added to a published prompt, say).
+                    layers = sorted({*layers, *json.loads(row.layers), *json.loads(row.more)})
+                if not layers:
+                    continue
                 if row is None:
                     seq, queued = seq + 1, True
                     c.execute(
@@ -107,7 +112,7 @@ class CaptureQueue:
                     )
             if queued:
                 self.db.notices.send(c, Notice("queued", self.namespace))
-            return {p: self._state(c, p) for p in wanted}  # type: ignore[misc]  # each exists now
+            return {p: state for p in wanted if (state := self._state(c, p)) is not None}
 
     def claim(self) -> Claimed | None:
         """The oldest queued capture, or a running one whose lease expired, now held by this server.

@@ -15,6 +15,7 @@ from cache_server.api.app import build_service, create_app
 from cache_server.client import CacheClient, NotReadyError, StoreReadOnlyError
 from cache_server.coordination.captures import CaptureQueue
 from cache_server.coordination.database import Database
+from cache_server.store.manifest import StoreInputError
 from testing.servers import running_server, serving_app
 from tests.cache_server.helpers import serve_settings
 from tests.cache_server.small_disk import files_under, remount, small_disk
@@ -66,7 +67,7 @@ def test_a_read_only_mount_is_served_and_never_written(tiny_target: Path, small:
     remount(small, "ro")
     before = _listing(small)
 
-    with pytest.raises(ValueError, match="pass --db"):  # its default database would live in the store
+    with pytest.raises(StoreInputError, match="pass --db"):  # its default database would live in the store
         build_service(serve_settings(tiny_target, small))
     with (
         running_server(tiny_target, small, "--db", str(db), "--capture-layers", "0,1") as url,

@@ -98,3 +98,8 @@ def test_a_capture_that_fills_the_store_fails_as_storage_exceeded_and_leaves_not
         assert client.register([{"token_ids": _tokens(600, 2)}])[0].prompt_id == b.prompt_id  # asks again
         client.wait_ready([b.prompt_id], timeout_s=60)
         assert client.hidden(b.prompt_id, [0]).hidden.shape == (600, 64)
+        # Registering the published prompt again asks again for the layer whose capture failed.
+        assert client.register([{"token_ids": _tokens(500, 1)}])[0].prompt_id == a.prompt_id
+        both = client.hidden(a.prompt_id, [0, 3]).hidden
+        np.testing.assert_array_equal(both[:, :64], before)
+        assert client.prompt(a.prompt_id).layers_stored == [0, 3]
