@@ -111,12 +111,13 @@ def replace_file(path: Path, payload: bytes | memoryview, *, exclusive: bool = F
     """Atomically replace `path`: write aside as `<name>.<uuid>.tmp`, fsync, rename, fsync the dir.
     `exclusive`: create it only if absent (a hard link, which fails if `path` exists: FileExistsError)."""
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
-    ops.write(tmp, payload, sync=True)
+    try:
+        ops.write(tmp, payload, sync=True)
+        (ops.link if exclusive else ops.rename)(tmp, path)
+    except BaseException:
+        with suppress(OSError):
+            ops.unlink(tmp)  # what a full disk let it write, say: never left behind
+        raise
     if exclusive:
-        try:
-            ops.link(tmp, path)
-        finally:
-            ops.unlink(tmp)
-    else:
-        ops.rename(tmp, path)
+        ops.unlink(tmp)
     ops.fsync_dir(path.parent)
