@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import xxhash
 
@@ -25,6 +26,34 @@ import xxhash
 HEADER = struct.Struct("<BBBBIII")
 MEMCPYED = 0x02
 
+
+class BloscHeader(NamedTuple):
+    """A Blosc 1 chunk's header, by name."""
+
+    version: int
+    versionlz: int
+    flags: int
+    typesize: int
+    nbytes: int  # decoded
+    blocksize: int
+    cbytes: int  # stored, header included
+
+    @classmethod
+    def of(cls, chunk: bytes | bytearray | memoryview) -> BloscHeader:
+        """The header at the start of `chunk`."""
+        return cls._make(HEADER.unpack_from(chunk))
+
+    @property
+    def memcpyed(self) -> bool:
+        """Stored as is (no block table; its blocks are the raw bytes cut at the block size)."""
+        return bool(self.flags & MEMCPYED)
+
+    @property
+    def nblocks(self) -> int:
+        """How many blocks the decoded bytes make."""
+        return -(-self.nbytes // self.blocksize)
+
+
 Span = tuple[int, int]  # [start, end) of a block in the chunk's bytes
 
 
@@ -33,22 +62,21 @@ def digest(data: bytes | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-def head_end(header: tuple[int, ...]) -> int:
-    """Where a chunk's head (header and block table) ends, from its unpacked header."""
-    flags, nbytes, blocksize = header[2], header[4], header[5]
-    return HEADER.size + (0 if flags & MEMCPYED else 4 * -(-nbytes // blocksize))
+def head_end(header: BloscHeader) -> int:
+    """Where a chunk's head (header and block table) ends."""
+    return HEADER.size + (0 if header.memcpyed else 4 * header.nblocks)
 
 
 def block_spans(chunk: bytes | memoryview) -> list[Span]:
     """Each block's bytes in a whole Blosc 1 chunk; ValueError for a damaged header or block table."""
     if len(chunk) < HEADER.size:
         raise ValueError(f"a Blosc chunk of {len(chunk)} bytes has no header")
-    header = HEADER.unpack_from(chunk)
-    flags, nbytes, blocksize, cbytes = header[2], header[4], header[5], header[6]
+    header = BloscHeader.of(chunk)
+    nbytes, blocksize, cbytes = header.nbytes, header.blocksize, header.cbytes
     if blocksize < 1 or cbytes != len(chunk):
         raise ValueError(f"Blosc header says {cbytes} bytes in blocks of {blocksize}, the chunk has {len(chunk)}")
-    nblocks = -(-nbytes // blocksize)
-    if flags & MEMCPYED:
+    nblocks = header.nblocks
+    if header.memcpyed:
         at = HEADER.size
         return [(at + k * blocksize, at + min((k + 1) * blocksize, nbytes)) for k in range(nblocks)]
     first = head_end(header)
@@ -62,7 +90,7 @@ def block_spans(chunk: bytes | memoryview) -> list[Span]:
 def chunk_digests(chunk: bytes | memoryview) -> list[int]:
     """[the head's digest, then each block's] of a whole Blosc 1 chunk, as the writer records them."""
     view = memoryview(chunk)
-    head = view[: head_end(HEADER.unpack_from(view))]
+    head = view[: head_end(BloscHeader.of(view))]
     return [digest(head), *(digest(view[a:b]) for a, b in block_spans(view))]
 
 

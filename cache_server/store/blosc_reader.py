@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numcodecs import blosc
@@ -21,7 +21,7 @@ from zarr.core.metadata import ArrayV3Metadata
 
 from cache_server.store.blobs import Blobs, Opened
 from cache_server.store.chunks import CRC_ATTRIBUTE, DIGESTS_ATTRIBUTE, chunk_key, layer_compressor
-from schemas.block_digests import HEADER, MEMCPYED, block_spans, check_blocks, digest, head_end
+from schemas.block_digests import HEADER, BloscHeader, block_spans, check_blocks, digest, head_end
 
 
 @dataclass(frozen=True)
@@ -113,8 +113,16 @@ _DONTSPLIT = 0x10  # a Blosc 1 flag: the block is one stream (`schemas.block_dig
 _new_bytes = partial(np.empty, dtype=np.uint8)
 
 
+class _Opened(NamedTuple):
+    """An open chunk object, its checked Blosc header and each block's offset (none when MEMCPYED)."""
+
+    fd: Opened
+    header: BloscHeader
+    starts: list[int]
+
+
 @contextmanager
-def _checked_chunk(chunks: BloscChunks, chunk: int) -> Iterator[tuple[Opened, tuple[int, ...], list[int]]]:
+def _checked_chunk(chunks: BloscChunks, chunk: int) -> Iterator[_Opened]:
     """An open chunk object, its Blosc header and each block's offset (none when stored uncompressed),
     checked against the object's size, the array, and the digest of the header and block table."""
     try:
@@ -127,8 +135,8 @@ def _checked_chunk(chunks: BloscChunks, chunk: int) -> Iterator[tuple[Opened, tu
             raise ValueError(f"chunk {chunk} is truncated to {size} bytes")
         head = bytearray(HEADER.size)
         _read_at(fd, memoryview(head), 0, chunk)
-        header = HEADER.unpack(head)
-        decoded, blocksize, cbytes = header[4], header[5], header[6]
+        header = BloscHeader.of(head)
+        decoded, blocksize, cbytes = header.nbytes, header.blocksize, header.cbytes
         # Blosc trusts the header's cbytes: a truncated file must be caught before it decodes.
         if cbytes != size or decoded != chunks.chunk_nbytes or blocksize < 1 or head_end(header) > size:
             raise ValueError(
@@ -138,7 +146,7 @@ def _checked_chunk(chunks: BloscChunks, chunk: int) -> Iterator[tuple[Opened, tu
         head += bytes(head_end(header) - HEADER.size)  # and the block table
         _read_at(fd, memoryview(head)[HEADER.size :], HEADER.size, chunk)
         chunks.check_head(chunk, memoryview(head))
-        yield fd, header, list(struct.unpack_from(f"<{(len(head) - HEADER.size) // 4}i", head, HEADER.size))
+        yield _Opened(fd, header, list(struct.unpack_from(f"<{(len(head) - HEADER.size) // 4}i", head, HEADER.size)))
     finally:
         fd.close()
 
@@ -152,12 +160,7 @@ def _read_at(fd: Opened, into: memoryview, offset: int, chunk: int) -> None:
 
 
 def _blocks_holding(
-    chunks: BloscChunks,
-    opened: tuple[Opened, tuple[int, ...], list[int]],
-    lo: int,
-    hi: int,
-    into: np.ndarray,
-    chunk: int,
+    chunks: BloscChunks, opened: _Opened, lo: int, hi: int, into: np.ndarray, chunk: int
 ) -> tuple[memoryview, int, tuple[int, ...]]:
     """From an open Blosc 1 chunk (`_checked_chunk`), a chunk written into `into` holding only the
     blocks that cover its decoded bytes [lo, hi) (only those are read from disk, and checked against
@@ -189,21 +192,16 @@ def _blocks_holding(
 
 
 def _stored_rows(
-    chunks: BloscChunks,
-    opened: tuple[Opened, tuple[int, ...], list[int]],
-    lo: int,
-    hi: int,
-    buffer: Callable[[int], np.ndarray],
-    chunk: int,
+    chunks: BloscChunks, opened: _Opened, lo: int, hi: int, buffer: Callable[[int], np.ndarray], chunk: int
 ) -> memoryview:
     """Bytes [lo, hi) of a chunk stored uncompressed (MEMCPYED), read into `buffer(nbytes)`: the blocks
     that hold them, checked against their digests (just those bytes, for an array written before)."""
-    fd, header, _ = opened
+    fd, header = opened.fd, opened.header
     if chunks.digests is None:
         rows = memoryview(buffer(hi - lo).data)
         _read_at(fd, rows, HEADER.size + lo, chunk)
         return rows
-    nbytes, blocksize = header[4], header[5]
+    nbytes, blocksize = header.nbytes, header.blocksize
     first, last = lo // blocksize, (hi - 1) // blocksize
     at, end = first * blocksize, min((last + 1) * blocksize, nbytes)
     blocks = memoryview(buffer(end - at).data)
@@ -241,8 +239,8 @@ class ChunkReader:
         nbytes, row_bytes = chunks.chunk_nbytes, chunks.width * chunks.dtype.itemsize
         scratch = partial(self._buffer, "scratch")
         with _checked_chunk(chunks, chunk) as opened:
-            flags, blocksize, size = opened[1][2], opened[1][5], opened[1][6]
-            if flags & MEMCPYED:  # stored as is: read just the blocks that hold the rows
+            blocksize, size = opened.header.blocksize, opened.header.cbytes
+            if opened.header.memcpyed:  # stored as is: read just the blocks that hold the rows
                 rows = _stored_rows(chunks, opened, lo * row_bytes, hi * row_bytes, scratch, chunk)
                 out[...] = np.frombuffer(rows, chunks.dtype).reshape(hi - lo, chunks.width)
                 return
@@ -250,12 +248,12 @@ class ChunkReader:
                 src, skip, _ = _blocks_holding(
                     chunks, opened, lo * row_bytes, hi * row_bytes, self._buffer("file", size), chunk
                 )
-                decoded_rows = scratch(HEADER.unpack_from(src)[4])
+                decoded_rows = scratch(BloscHeader.of(src).nbytes)
                 self._decode(src, decoded_rows, chunk)
                 out[...] = decoded_rows[skip : skip + (hi - lo) * row_bytes].view(chunks.dtype).reshape(hi - lo, -1)
                 return
             src = memoryview(self._buffer("file", size).data)
-            _read_at(opened[0], src, 0, chunk)
+            _read_at(opened.fd, src, 0, chunk)
             chunks.check(chunk, src)
         # zarr sets numcodecs.blosc.use_threads = False on import, so each call decodes with its own
         # context and no global lock: the store's threads decode chunks in parallel.
@@ -274,12 +272,11 @@ class ChunkReader:
         is sent (large numpy buffers fault in huge pages; bytes would not)."""
         row_bytes = chunks.width * chunks.dtype.itemsize
         with _checked_chunk(chunks, chunk) as opened:
-            if opened[1][2] & MEMCPYED:
+            if opened.header.memcpyed:
                 return "raw", _stored_rows(chunks, opened, lo * row_bytes, hi * row_bytes, _new_bytes, chunk), 0, ()
-            src, skip, digests = _blocks_holding(
-                chunks, opened, lo * row_bytes, hi * row_bytes, np.empty(opened[1][6], np.uint8), chunk
-            )
-            if len(src) == opened[1][6] and not digests:  # every block of an older array: the stored chunk
+            lo_b, hi_b, size = lo * row_bytes, hi * row_bytes, opened.header.cbytes
+            src, skip, digests = _blocks_holding(chunks, opened, lo_b, hi_b, _new_bytes(size), chunk)
+            if len(src) == size and not digests:  # every block of an older array: the stored chunk
                 chunks.check(chunk, src)
             return "blosc", src, skip, digests
 

@@ -18,7 +18,7 @@ from cache_server.client.pieces import PiecesCorrupt, decode_pieces
 from cache_server.store import chunks as arrays
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import StoreCorrupt
-from schemas.block_digests import HEADER, block_spans, head_end
+from schemas.block_digests import HEADER, BloscHeader, block_spans, head_end
 from schemas.storage import StorageName
 
 WIDTH, ROWS, CHUNK_ROWS, BLOCK = 64, 150, 64, 4096  # 3 chunks; bf16: 2 blocks a chunk, fp32/FP8 bytes: 4 or 1
@@ -47,15 +47,18 @@ def store_of(store_root: str, small_blocks: None) -> Iterator[functools.partial[
         store.close()
 
 
-def _layer(dtype: torch.dtype) -> torch.Tensor:
+def _layer(dtype: torch.dtype, noise: bool = False) -> torch.Tensor:
+    """Activation-like values, or (`noise`) random bf16 bit patterns, which Blosc stores as is (MEMCPYED)."""
     g = torch.Generator().manual_seed(3)
+    if noise:
+        return torch.randint(-(2**15), 2**15, (ROWS, WIDTH), generator=g, dtype=torch.int16).view(torch.bfloat16)
     return (torch.randn(ROWS, WIDTH, generator=g) * torch.linspace(0.1, 4, WIDTH)).to(dtype)
 
 
 def _flips(chunk: bytes) -> list[tuple[int, str]]:
     """Offsets to damage, each with the region it is in: every header byte, the block table's first and
     last, and the first, middle and last byte of every block."""
-    end = head_end(HEADER.unpack_from(chunk))
+    end = head_end(BloscHeader.of(chunk))
     found = [(i, "head") for i in sorted({*range(HEADER.size), min(HEADER.size, end - 1), end - 1})]
     for k, (a, b) in enumerate(block_spans(chunk)):
         found += [(a, f"block {k}"), ((a + b) // 2, f"block {k}"), (b - 1, f"block {k}")]
@@ -86,15 +89,20 @@ def _read_both_ways(store: HiddenStore, manifest: object, start: int, stop: int)
 
 
 @pytest.mark.parametrize(
-    ("dtype", "storage"),
-    [(torch.bfloat16, "exact"), (torch.float32, "exact"), (torch.bfloat16, "float8_e4m3fn")],
-    ids=["bf16", "fp32", "fp8"],
+    ("dtype", "storage", "noise"),
+    [
+        (torch.bfloat16, "exact", False),
+        (torch.float32, "exact", False),
+        (torch.bfloat16, "float8_e4m3fn", False),
+        (torch.bfloat16, "exact", True),
+    ],
+    ids=["bf16", "fp32", "fp8", "bf16-stored-as-is"],
 )
 def test_a_flipped_byte_fails_every_read_that_touches_it_and_no_other(
-    store_of: functools.partial[HiddenStore], store_root: str, dtype: torch.dtype, storage: StorageName
+    store_of: functools.partial[HiddenStore], store_root: str, dtype: torch.dtype, storage: StorageName, noise: bool
 ) -> None:
     store = store_of(dtype, storage)
-    manifest = store.write("p", np.arange(ROWS), 1, {0: _layer(dtype)})
+    manifest = store.write("p", np.arange(ROWS), 1, {0: _layer(dtype, noise)})
     truth = np.empty((ROWS, WIDTH), store.numpy_dtype)
     store.read_into("p", [0], truth)
     truth_bytes = truth.view(np.uint8)
