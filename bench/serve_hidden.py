@@ -42,7 +42,7 @@ from starlette.concurrency import run_in_threadpool
 from bench.activations import activation_like
 from cache_server.api.app import create_app
 from cache_server.api.bodies import hidden_body
-from cache_server.capture.target import TargetInfo
+from cache_server.capture.captured import TargetInfo
 from cache_server.client import CacheClient
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
@@ -53,6 +53,7 @@ from cache_server.store import chunks
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.ram_cache import RamCache
 from cache_server.torch_utils import TORCH_DTYPES as DTYPES
+from schemas.prompts import CaptureInfo
 from schemas.safetensors_frame import parse
 from testing.servers import free_port, running_child
 
@@ -80,11 +81,30 @@ TOTAL_OLD = f"{E2E}: CacheClient.hidden pieces {OLDER}"
 
 
 @dataclass(frozen=True)
+class NoCapture:
+    """Stands in for a `Capturer`: nothing is ever computed."""
+
+    layers: None = None
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+@dataclass(frozen=True)
+class NoTokenizer:
+    """Stands in for the tokenizer: `GET /model` reads its chat template's hash only."""
+
+    chat_template_sha256: str | None = None
+
+
+@dataclass(frozen=True)
 class FixtureTarget:
     """Stands in for `Target`: serving a stored prompt only reads `.info`; nothing is ever computed."""
 
     info: TargetInfo
-    chat_template_sha256: str | None = None
+    prompts: NoTokenizer = NoTokenizer()
+    capturer: NoCapture = NoCapture()
+    forward: None = None
 
 
 def fixture_info(hidden: int, dtype: str) -> TargetInfo:
@@ -96,6 +116,7 @@ def fixture_info(hidden: int, dtype: str) -> TargetInfo:
         vocab_size=32000,
         max_position_embeddings=1 << 20,
         dtype=DTYPES[dtype],
+        capture=CaptureInfo(kind="hf", dtype=dtype),
     )
 
 

@@ -3,7 +3,8 @@
 The data path, one subpackage per step: `capture/` (the target's forward) and `generation/`
 (responses from a serving engine) -> `compute/` (what to compute, once) -> `store/` (Zarr) ->
 `api/` (HTTP); `coordination/` is the database the servers of one store share, `jobs/` queues
-checkpoint evaluations and `client/` is the light client (no torch) the other packages import.
+checkpoint evaluations and `client/` is the light client (no torch) the other packages import;
+`engine_connector/` is run by the serving engine, not imported (its hidden-states KV connector).
 `cli.py` starts the server (`cache-server serve`) from `settings.py`; `errors.py` holds the errors
 each mapped to one `ErrorCode`; `torch_utils.py` is torch's side of dtype and device names, and
 `sampling.py` the target's sampling distribution at a setting (temperature, min-p, top-k, top-p),

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.dtypes import DeviceName, DTypeName
@@ -121,6 +122,17 @@ class ServeSettings(BaseSettings):
         description="who generates responses: 'hf' (the target in-process) or the URL of an OpenAI-compatible "
         "engine serving the same model (vllm serve, sglang), asked for token ids",
     )
+    capture: Literal["hf", "engine"] = Field(
+        default="hf",
+        description="who computes the layers: 'hf' (the target's transformers forward in this process) or "
+        "'engine' (the --generator engine's own forward, written by its hidden-states connector into "
+        "--engine-files; this server then loads the tokenizer and heads only)",
+    )
+    engine_files: Path | None = Field(
+        default=None,
+        description="--capture engine: the directory the engine's connector writes (its shared_storage_path, "
+        "as mounted here)",
+    )
     generator_model: str | None = Field(
         default=None, description="the engine's model name (default: its only one, or the one named like the target)"
     )
@@ -205,6 +217,14 @@ class ServeSettings(BaseSettings):
             if not ids or len(set(ids)) != len(ids):
                 raise ValueError(f"capture_layers must be 'all' or distinct layer ids, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _engine_capture(self) -> ServeSettings:
+        if self.capture == "engine" and (self.generator == "hf" or self.engine_files is None):
+            raise ValueError("--capture engine needs --generator URL (the engine) and --engine-files DIR (its files)")
+        if self.capture == "hf" and self.engine_files is not None:
+            raise ValueError("--engine-files is read by --capture engine only")
+        return self
 
     def capture_layer_ids(self, num_layers: int) -> list[int]:
         """The layers to store for every prompt of an `num_layers`-layer target."""

@@ -31,6 +31,7 @@ class HiddenMetadata(BaseModel):
     storage: str = "exact"  # `schemas.storage.describe_storage`: e.g. "float8_e4m3fn per-token scale"
     greedy_mismatches: int | None = None  # response tokens that are not the target's greedy choice
     generator: str | None = None  # how the response was made (`GeneratorInfo.describe()`)
+    capture: str | None = None  # how the states were computed (`CaptureInfo.describe()`; None: not said)
     sampling: str | None = None  # how it was sampled from the target: `SamplingParams` as JSON (None: greedy)
     outside_support: int | None = None  # a sampled response's tokens outside the support of its setting
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.layers import LAYER_CONVENTION, LayerConvention
-from schemas.prompts import GeneratorInfo
+from schemas.prompts import CaptureInfo, GeneratorInfo
 from schemas.storage import StorageName
 
 
@@ -30,3 +30,7 @@ class ModelInfo(BaseModel):
         default=None, description="the server instance that answered (several may serve one store)"
     )
     generator: GeneratorInfo | None = Field(default=None, description="who generates this server's new responses")
+    capture: CaptureInfo | None = Field(
+        default=None,
+        description="who computes the states: the server's forward (hf) or the engine's (part of the fingerprint)",
+    )

@@ -45,6 +45,34 @@ class GeneratorInfo(BaseModel):
         return f"engine {self.url} {self.model} {self.version or 'version unknown'}"
 
 
+class CaptureInfo(BaseModel):
+    """How a prompt's hidden states were computed: by the cache server's transformers forward (`hf`), or
+    by the serving engine's own forward (`engine`: its version, dtype and tensor/pipeline parallel
+    sizes). Part of the store namespace's fingerprint, so the two never mix."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["hf", "engine"]
+    dtype: str
+    version: str | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+    def describe(self) -> str:
+        """One line: `hf float32`, or `engine vllm 0.32.0 bfloat16 tp 8 pp 1`."""
+        if self.kind == "hf":
+            return f"hf {self.dtype}"
+        sizes = f"tp {self.tensor_parallel_size} pp {self.pipeline_parallel_size}"
+        return f"engine vllm {self.version or 'version unknown'} {self.dtype} {sizes}"
+
+    def fingerprint_part(self) -> str:
+        """What it adds to the namespace fingerprint: nothing for `hf` (namespaces keep the id they had
+        before engine captures), else the engine's kind, version and parallel sizes (the dtype is hashed
+        on its own)."""
+        if self.kind == "hf":
+            return ""
+        return f"capture=engine;version={self.version};tp={self.tensor_parallel_size};pp={self.pipeline_parallel_size};"
+
+
 class ChatMessage(BaseModel):
     """One chat turn, rendered with the target's chat template. An assistant turn may instead name a
     registered prompt (`response_of`) whose response the server fills in, decoded as text: a later turn

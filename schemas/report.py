@@ -48,6 +48,10 @@ class PromptEval(BaseModel):
     generator: str | None = Field(
         default=None, description="how the response was made: hf, given, or engine URL MODEL VERSION (cache server)"
     )
+    capture: str | None = Field(
+        default=None,
+        description="how the states were computed: hf DTYPE, or engine vllm VERSION DTYPE tp N pp M (cache server)",
+    )
     sampling: SamplingParams | None = Field(
         default=None, description="how the response was sampled from the target (None: greedy, or not recorded)"
     )
@@ -140,6 +144,9 @@ class EvalSummary(SetSummary):
     )
     generators: dict[str, int] = Field(
         default_factory=dict, description="prompts per generator of their responses (unknown: not recorded)"
+    )
+    captures: dict[str, int] = Field(
+        default_factory=dict, description="prompts per capture source of their states (unknown: not recorded)"
     )
     wall_time_s: float
     cost: EvalCost | None = Field(default=None, description="absent in reports written before it existed")

@@ -9,9 +9,9 @@ they are checked against. Not installed with the package; run from the repositor
   (`eagle3.py`), checkpoint writers (`checkpoints.py`), the peers' own writers run in their virtual
   environment (`peer_checkpoints.py`, driven by `peers.py`).
 - Servers: `cache-server serve` and bench servers (`servers.py`), several on one store (`fleet.py`),
-  vLLM (`engine.py`), a lossless speculative-sampling test engine with vLLM's API (`spec_engine.py`),
-  Postgres (`postgres.py`), moto's S3 (`s3.py`), headless Chromium (`browser.py`), a Docker engine and
-  the images (`docker.py`).
+  vLLM (`engine.py`, with connectors that misbehave on purpose in `engine_faults/`), a lossless
+  speculative-sampling test engine with vLLM's API (`spec_engine.py`), Postgres (`postgres.py`),
+  moto's S3 (`s3.py`), headless Chromium (`browser.py`), a Docker engine and the images (`docker.py`).
 - Crash consistency of the store: file-system operations recorded, and broken protocols
   (`file_ops_log.py`), every disk state a power loss may leave, materialised and checked
   (`crash_states.py`), each S3 write faulted in turn (`s3_faults.py`), and the workloads and what a

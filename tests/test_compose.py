@@ -165,8 +165,10 @@ def test_services_are_the_two_processes_and_the_scale_out_profile(compose: dict[
     default = {n for n, s in services.items() if "profiles" not in s}
     assert default == set(SETTINGS)
     profiled = set(services) - default
-    assert profiled == {*_scale_out_servers(compose), "postgres", "vllm"} and len(profiled) >= 4
-    assert all(services[n]["profiles"] == [ENGINE if n == "vllm" else SCALE_OUT] for n in profiled)
+    capture = {"vllm-capture", "cache-server-engine"}
+    assert profiled == {*_scale_out_servers(compose), "postgres", "vllm", *capture} and len(profiled) >= 6
+    profile = {"vllm": ENGINE} | dict.fromkeys(capture, "engine-capture")
+    assert all(services[n]["profiles"] == [profile.get(n, SCALE_OUT)] for n in profiled)
 
 
 def test_scale_out_servers_each_have_a_gpu_a_name_and_a_port_and_wait_for_postgres(compose: dict[str, Any]) -> None:

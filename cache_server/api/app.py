@@ -15,11 +15,14 @@ from cache_server.api.jobs_routes import jobs_router
 from cache_server.api.page import page_router
 from cache_server.api.routes import router
 from cache_server.api.tensor_responses import TensorResponses
-from cache_server.capture.target import Target
+from cache_server.capture.target import ModelShape, Target, open_hf_target
+from cache_server.capture.tokenizer import stop_token_ids
 from cache_server.compute.instances import default_db_location
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.service import HiddenStateService
 from cache_server.coordination.database import Database
+from cache_server.generation.engine import EngineClient, connect
+from cache_server.generation.engine_target import open_engine_target
 from cache_server.generation.startup import checked_engine
 from cache_server.jobs.queue import JobStore
 from cache_server.settings import ServeSettings
@@ -60,27 +63,51 @@ def open_store_blobs(settings: ServeSettings) -> Blobs:
     return ReadOnlyBlobs(blobs, reason)
 
 
-def build_service(settings: ServeSettings) -> HiddenStateService:
-    """Load the target, check the engine that generates its responses (when there is one) and open
-    its store namespace; EngineUnfit when the engine cannot serve as this target's generator,
-    StoreInputError for a store it cannot open so (read-only without `--db`)."""
-    blobs = open_store_blobs(settings)  # before the weights load: a read-only store without --db fails now
-    target = Target(
+def open_target(settings: ServeSettings) -> tuple[Target, EngineClient | None]:
+    """The target and the engine that generates its responses (when there is one), checked: in this
+    process (`--capture hf`), or captured by the engine itself (`--capture engine`)."""
+    concurrency, timeout_s = settings.generator_concurrency, settings.generator_timeout_s
+    if settings.capture == "engine":
+        if settings.engine_files is None:  # refused by the settings already; said again for the type checker
+            raise ValueError("--capture engine needs --engine-files DIR")
+        shape = ModelShape.of(settings.model)
+        engine = connect(
+            settings.generator,
+            model=settings.generator_model,
+            target_name=settings.model.resolve().name,
+            stop_token_ids=stop_token_ids(settings.model),
+            timeout_s=timeout_s,
+        )
+        target = open_engine_target(
+            settings.model,
+            engine,
+            files=settings.engine_files,
+            capture_layers=settings.capture_layer_ids(shape.num_layers),
+            storage=settings.store_dtype,
+            timeout_s=timeout_s,
+            concurrency=concurrency,
+            orphan_after_s=settings.capture_lease_s,
+        )
+        return target, EngineClient(engine, timeout_s=timeout_s, concurrency=concurrency, files=settings.engine_files)
+    target = open_hf_target(
         settings.model,
         device=settings.device,
         dtype=settings.dtype,
         device_map=settings.device_map,
         storage=settings.store_dtype,
     )
-    engine = None
-    if settings.generator != "hf":
-        engine = checked_engine(
-            settings.generator,
-            target,
-            model=settings.generator_model,
-            timeout_s=settings.generator_timeout_s,
-            concurrency=settings.generator_concurrency,
-        )
+    if settings.generator == "hf":
+        return target, None
+    url, model = settings.generator, settings.generator_model
+    return target, checked_engine(url, target, model=model, timeout_s=timeout_s, concurrency=concurrency)
+
+
+def build_service(settings: ServeSettings) -> HiddenStateService:
+    """Load the target, check the engine that generates its responses (when there is one) and open
+    its store namespace; EngineUnfit when the engine cannot serve as this target's generator,
+    StoreInputError for a store it cannot open so (read-only without `--db`)."""
+    blobs = open_store_blobs(settings)  # before the weights load: a read-only store without --db fails now
+    target, engine = open_target(settings)
     metrics = Metrics()
     ram = RamCache(int(settings.ram_cache_gb * 2**30)) if settings.ram_cache_gb > 0 else None
     if ram is not None:

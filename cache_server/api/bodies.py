@@ -50,6 +50,7 @@ def hidden_metadata(manifest: PromptManifest, layers: Sequence[int], start: int,
         storage=describe_storage(manifest.storage),
         greedy_mismatches=manifest.greedy_mismatches,
         generator=manifest.generator.describe() if manifest.generator is not None else None,
+        capture=manifest.capture.describe() if manifest.capture is not None else f"hf {manifest.dtype}",
         sampling=manifest.sampling.model_dump_json() if manifest.sampling is not None else None,
         outside_support=manifest.outside_support,
     )
@@ -77,11 +78,10 @@ def hidden_body(
 def heads_body(target: Target) -> bytes:
     """The safetensors body of a target's embed_tokens and lm_head, and its final norm's weight and eps when
     that is a plain RMSNorm (the service builds it once)."""
-    embed, lm_head = target.heads()
-    tensors = {EMBED_TENSOR: embed.contiguous(), LM_HEAD_TENSOR: lm_head.contiguous().clone()}  # clone: may be tied
-    metadata = {"model_fingerprint": target.info.fingerprint, "dtype": dtype_name(embed.dtype)}
-    norm = target.final_norm()
-    if norm is not None:
-        tensors[FINAL_NORM_TENSOR] = norm[0].contiguous()
-        metadata["final_norm_eps"] = repr(norm[1])
+    heads = target.heads
+    tensors = {EMBED_TENSOR: heads.embed.contiguous(), LM_HEAD_TENSOR: heads.lm_head.contiguous().clone()}  # tied?
+    metadata = {"model_fingerprint": target.info.fingerprint, "dtype": dtype_name(heads.embed.dtype)}
+    if heads.final_norm is not None:
+        tensors[FINAL_NORM_TENSOR] = heads.final_norm.weight.contiguous()
+        metadata["final_norm_eps"] = repr(heads.final_norm.eps)
     return save(tensors, metadata=metadata)

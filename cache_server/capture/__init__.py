@@ -1,4 +1,7 @@
-"""The target's forward: load the model, tokenize prompts and generate greedy responses (`target.py`),
-capture every decoder layer's output under the project's layer convention (`hooks.py`), the target's
-identity (`fingerprint.py`), and a tiny random target for tests and the demo (`tiny_model.py`).
+"""The target, split by what each part needs: its tokenizer and chat template (`tokenizer.py`), its
+heads read from the checkpoint (`heads.py`), and a `Capturer` that computes its layers (`captured.py`):
+the transformers forward in this process (`hf_forward.py`, hooking every decoder layer's output under
+the project's layer convention: `hooks.py`) or the serving engine's (`generation/engine_capture.py`).
+`target.py` puts them together, `fingerprint.py` names what the store holds, and `tiny_model.py`
+writes a tiny random target for tests and the demo.
 """

@@ -1,7 +1,8 @@
-"""A target's identity: config, weight bytes, runtime dtype, tokenizer and how states are stored,
-hashed into one id.
+"""A target's identity: config, weight bytes, runtime dtype, tokenizer, how states are computed (the
+server's forward or the engine's) and how they are stored, hashed into one id.
 
-The store is namespaced by it, so a different model, checkpoint, dtype or storage never reads old states.
+The store is namespaced by it, so a different model, checkpoint, dtype, capture or storage never reads
+old states.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ def _hash_file(h: hashlib._Hash, path: Path) -> None:
         h.update(hashlib.file_digest(f, "sha256").digest())
 
 
-def target_fingerprint(model_dir: Path, dtype_name: str, storage: str = "exact") -> str:
-    """sha256 over config.json (canonical), every weight file's bytes, tokenizer files, dtype and a
-    storage other than exact (an exact store keeps the id it had before storages existed).
+def target_fingerprint(model_dir: Path, dtype_name: str, storage: str = "exact", capture: str = "") -> str:
+    """sha256 over config.json (canonical), every weight file's bytes, tokenizer files, dtype, a
+    storage other than exact (an exact store keeps the id it had before storages existed) and an
+    engine capture's `CaptureInfo.fingerprint_part` (`capture`; empty for the server's own forward).
 
     Weight files are hashed in full: it costs one sequential read, cheaper than serving a stale cache.
     """
@@ -39,6 +41,7 @@ def target_fingerprint(model_dir: Path, dtype_name: str, storage: str = "exact")
     h.update(f"format={STORE_FORMAT_VERSION};dtype={dtype_name};".encode())
     if storage != "exact":
         h.update(f"storage={storage};".encode())
+    h.update(capture.encode())
     config = json.loads((model_dir / "config.json").read_text())
     h.update(json.dumps(config, sort_keys=True).encode())
     weights = sorted(p for p in model_dir.iterdir() if p.suffix in _WEIGHT_SUFFIXES)

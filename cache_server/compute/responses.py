@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cache_server.capture.hf_forward import HfForward
 from cache_server.capture.target import Target
 from cache_server.compute.registry import Registration
 from cache_server.generation.engine import EngineClient, EngineRefused
@@ -52,6 +53,10 @@ class Responses:
         wake: Callable[[], None],
         on_engine_error: Callable[[], None],
     ) -> None:
+        if engine is None and target.forward is None:
+            raise ValueError(
+                "a target captured by an engine has no forward of its own: its responses need --generator URL"
+            )
         self.target, self.store = target, store
         self._fail, self._wake = fail, wake
         self._lock = threading.Lock()
@@ -109,7 +114,7 @@ class Responses:
     def generate_in_process(self) -> None:
         """The target's responses to the waiting tasks (compute thread): greedy ones in one `generate`
         call per max_new_tokens value, each sorted by prompt length so that left padding stays short;
-        sampled ones one at a time (`Target.sample`: a seed's response never depends on its batch)."""
+        sampled ones one at a time (`HfForward.sample`: a seed's response never depends on its batch)."""
         with self._lock:
             waiting, self._in_process = self._in_process, []
         groups: dict[int, list[ComputeTask]] = {}
@@ -120,7 +125,7 @@ class Responses:
             groups.setdefault(task.reg.max_new_tokens or 0, []).append(task)
         for max_new, tasks in groups.items():
             try:
-                responses = self.target.generate([t.reg.prompt_ids for t in tasks], max_new)
+                responses = self._forward().generate([t.reg.prompt_ids for t in tasks], max_new)
             except Exception as e:
                 for task in tasks:
                     self._fail(task.reg.prompt_id, e)
@@ -134,13 +139,18 @@ class Responses:
         reg = task.reg
         assert reg.sampling is not None  # the caller's check
         try:
-            response = self.target.sample(reg.prompt_ids, reg.max_new_tokens or 0, reg.sampling)
+            response = self._forward().sample(reg.prompt_ids, reg.max_new_tokens or 0, reg.sampling)
         except Exception as e:
             self._fail(reg.prompt_id, e)
             return
         task.sequence, task.generator = [*reg.prompt_ids, *response], self.generator
         with self._lock:
             self._ready.append(task)
+
+    def _forward(self) -> HfForward:
+        if self.target.forward is None:  # `--capture engine` without `--generator`: the settings refuse it
+            raise RuntimeError("a target captured by an engine generates its responses on the engine only")
+        return self.target.forward
 
     def take(self, budget: int) -> list[ComputeTask]:
         """Ready tasks up to `budget` tokens (at least one)."""
@@ -151,6 +161,11 @@ class Responses:
                 batch.append(self._ready.pop(0))
                 tokens += batch[-1].tokens
             return batch
+
+    def put_back(self, batch: list[ComputeTask]) -> None:
+        """Tasks taken for a capture that could not run (the engine away): first in line again."""
+        with self._lock:
+            self._ready[:0] = batch
 
     def _refused(self, pid: str, error: Exception) -> None:
         """The engine refused this prompt: it fails alone."""
@@ -168,7 +183,7 @@ class Responses:
         try:
             if len(response) > max_new:
                 raise EngineRefused(f"the engine answered {len(response)} tokens, more than max_tokens {max_new}")
-            self.target.check_token_ids(response, "the engine's response")
+            self.target.prompts.check_token_ids(response, "the engine's response")
         except Exception as e:
             self._fail(pid, e)
             return

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import cast
 
+from cache_server.capture.captured import uncapturable
 from cache_server.capture.target import Target
 from cache_server.compute.health import Health
 from cache_server.compute.instances import default_db_location, default_instance, import_store_registrations
@@ -114,6 +115,7 @@ class HiddenStateService:
     def close(self) -> None:
         """Finish the batch in hand and stop; queued prompts stay queued for any server on the store."""
         self.scheduler.close()
+        self.target.capturer.close()
         self.store.close()
         self.db.close()
 
@@ -137,7 +139,8 @@ class HiddenStateService:
             storage=self.store.storage,
             capture_layers=self.capture_layers,
             generator=self.scheduler.responses.generator,
-            chat_template_sha256=self.target.chat_template_sha256,
+            capture=info.capture,
+            chat_template_sha256=self.target.prompts.chat_template_sha256,
             instance=self.instance,
         )
 
@@ -193,10 +196,10 @@ class HiddenStateService:
 
     def _registrations(self, spec: PromptSpec, generate: GenerateSpec | None) -> list[Registration]:
         """One registration per response: the given one, or each sample `generate` asks for."""
-        prompt_ids = tuple(self.target.encode(self._answers_filled_in(spec)))
+        prompt_ids = tuple(self.target.prompts.encode(self._answers_filled_in(spec)))
         response = tuple(spec.response_token_ids) if spec.response_token_ids is not None else None
         max_new = generate.max_new_tokens if generate is not None and response is None else None
-        self.target.check_length(len(prompt_ids) + (len(response) if response else max_new or 0))
+        self.target.prompts.check_length(len(prompt_ids) + (len(response) if response else max_new or 0))
         samplings = [spec.sampling if spec.sampling is not None and not spec.sampling.greedy else None]  # given
         if response is None and generate is not None:
             samplings = [generate.sample_params(i) for i in range(generate.samples)]
@@ -207,7 +210,7 @@ class HiddenStateService:
                 response_ids=response,
                 max_new_tokens=max_new,
                 name=spec.name,
-                chat_template_sha256=self.target.chat_template_sha256 if spec.messages is not None else None,
+                chat_template_sha256=self.target.prompts.chat_template_sha256 if spec.messages is not None else None,
                 enable_thinking=spec.enable_thinking,
                 sampling=sampling,
                 generator=spec.generator if response is not None else None,
@@ -231,7 +234,7 @@ class HiddenStateService:
                         "(wait until it is ready, then register the next turn)"
                     )
                 response = self.store.token_ids(m.response_of)[reg.prompt_len :].tolist()
-                m = ChatMessage(role="assistant", content=self.target.decode(response))
+                m = ChatMessage(role="assistant", content=self.target.prompts.decode(response))
             messages.append(m)
         return spec.model_copy(update={"messages": messages})
 
@@ -247,7 +250,7 @@ class HiddenStateService:
             layers = parse_layer_list(text)
         except ValueError as e:
             raise InvalidLayers(f"{e}; valid layer ids are 0..{self.target.info.num_layers - 1}") from None
-        problem = layer_list_problem(layers, self.target.info.num_layers)
+        problem = layer_list_problem(layers, self.target.info.num_layers) or uncapturable(layers, self.target.capturer)
         if problem is not None:
             raise InvalidLayers(problem)
         return layers

@@ -11,12 +11,15 @@ Errors:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from cache_server.generation.capture_files import discard_capture_file, written_file
 from schemas.completions import completion_body, completion_token_ids
 from schemas.prompts import GeneratorInfo
 from schemas.sampling import SamplingParams
@@ -63,9 +66,9 @@ def response_tokens(response: httpx.Response) -> list[int]:
     """The generated token ids of a completions answer; EngineUnavailable on 5xx, EngineRefused on 4xx
     or an answer without token ids."""
     if response.status_code >= 500:
-        raise EngineUnavailable(f"HTTP {response.status_code}: {_message(response)}")
+        raise EngineUnavailable(f"HTTP {response.status_code}: {error_message(response)}")
     if response.status_code >= 400:
-        raise EngineRefused(f"the engine refused the prompt (HTTP {response.status_code}): {_message(response)}")
+        raise EngineRefused(f"the engine refused the prompt (HTTP {response.status_code}): {error_message(response)}")
     try:
         answer = response.json()
     except ValueError:
@@ -81,7 +84,8 @@ def response_tokens(response: httpx.Response) -> list[int]:
     return ids
 
 
-def _message(response: httpx.Response) -> str:
+def error_message(response: httpx.Response) -> str:
+    """The message of an engine's error answer (its JSON error, else the start of the body)."""
     try:
         body = response.json()
     except ValueError:
@@ -90,12 +94,19 @@ def _message(response: httpx.Response) -> str:
     return str(error.get("message", error) if isinstance(error, dict) else error)[:500]
 
 
+def engine_root(url: str) -> str:
+    """The engine's root URL, whose `/v1/...` and `/version` routes the server calls: `http://h:8000/v1/`
+    and `http://h:8000` are one engine."""
+    return url.rstrip("/").removesuffix("/v1").rstrip("/")
+
+
 def connect(
     url: str, *, model: str | None, target_name: str, stop_token_ids: Sequence[int], timeout_s: float
 ) -> Engine:
     """The engine at `url`, with the model it serves (`model`, or its only one, or the one named like
-    the target) and its version; EngineUnfit when it cannot be reached or serves no such model."""
-    url = url.rstrip("/")
+    the target) and its version; EngineUnfit when it cannot be reached or serves no such model. The URL
+    is taken with or without `/v1` (the base URL OpenAI clients take)."""
+    url = engine_root(url)
     try:
         with httpx.Client(timeout=timeout_s) as client:
             listed = client.get(f"{url}/v1/models")
@@ -120,22 +131,29 @@ def connect(
     )
 
 
-def generate_once(engine: Engine, prompt_ids: Sequence[int], max_tokens: int, *, timeout_s: float) -> list[int]:
-    """One blocking generation (the startup probe); EngineUnfit on any failure."""
+def generate_once(
+    engine: Engine, prompt_ids: Sequence[int], max_tokens: int, *, timeout_s: float, files: Path | None = None
+) -> list[int]:
+    """One blocking generation (the startup probe); EngineUnfit on any failure. `files`: where an engine
+    that captures every request writes its states (deleted: a generation's are not wanted)."""
     try:
         with httpx.Client(timeout=timeout_s) as client:
-            return response_tokens(
-                client.post(f"{engine.url}/v1/completions", json=engine.completion(prompt_ids, max_tokens))
-            )
+            response = client.post(f"{engine.url}/v1/completions", json=engine.completion(prompt_ids, max_tokens))
+        tokens = response_tokens(response)
     except (httpx.HTTPError, EngineError) as e:
         raise EngineUnfit(f"--generator {engine.url}: the probe generation failed: {e}") from None
+    if files is not None and (written := written_file(response.json(), files)) is not None:
+        discard_capture_file(written)
+    return tokens
 
 
 class EngineClient:
     """Generations on one engine from an asyncio loop; the client is made on first use, in that loop."""
 
-    def __init__(self, engine: Engine, *, timeout_s: float, concurrency: int) -> None:
-        self.engine = engine
+    def __init__(self, engine: Engine, *, timeout_s: float, concurrency: int, files: Path | None = None) -> None:
+        """`files`: where an engine that captures every request writes its states (the engine-capture
+        directory): a generation's are deleted once written, as no capture wants them."""
+        self.engine, self.files = engine, files
         self._timeout_s = timeout_s
         self._limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self._client: httpx.AsyncClient | None = None
@@ -152,7 +170,10 @@ class EngineClient:
             response = await self._client.post(f"{self.engine.url}/v1/completions", json=body)
         except httpx.HTTPError as e:
             raise EngineUnavailable(f"{type(e).__name__}: {e}") from None
-        return response_tokens(response)
+        tokens = response_tokens(response)
+        if self.files is not None and (written := written_file(response.json(), self.files)) is not None:
+            await asyncio.to_thread(discard_capture_file, written)  # waits for the engine's writer
+        return tokens
 
     async def aclose(self) -> None:
         """Close the connections (from the loop that used them)."""

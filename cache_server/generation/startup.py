@@ -18,12 +18,13 @@ PROBE_TOKENS = 8
 def checked_engine(url: str, target: Target, *, model: str | None, timeout_s: float, concurrency: int) -> EngineClient:
     """A client for the engine at `url`; EngineUnfit (one line, naming both models) unless the engine
     generates the target's own greedy tokens for the probe."""
-    engine = connect(
-        url, model=model, target_name=target.info.name, stop_token_ids=target.stop_token_ids, timeout_s=timeout_s
-    )
-    probe = target.encode(PromptSpec(text=PROBE_TEXT))
+    if target.forward is None:
+        raise ValueError("the probe compares the engine with the target's in-process forward, and this target has none")
+    stops = target.prompts.stop_token_ids
+    engine = connect(url, model=model, target_name=target.info.name, stop_token_ids=stops, timeout_s=timeout_s)
+    probe = target.prompts.encode(PromptSpec(text=PROBE_TEXT))
     theirs = generate_once(engine, probe, PROBE_TOKENS, timeout_s=timeout_s)
-    ours = target.generate([probe], PROBE_TOKENS)[0]
+    ours = target.forward.generate([probe], PROBE_TOKENS)[0]
     if theirs != ours:
         raise EngineUnfit(
             f"--generator {engine.url} serves {engine.model!r}, whose greedy tokens for the probe prompt differ "

@@ -2,8 +2,7 @@
 fingerprint: `prompts/<id>/{zarr.json, token_ids/, layers/<k>/}`, in a local directory or an S3
 bucket (`blobs.py`). Arrays are written under their final keys (`publish.py`) and the prompt group's
 manifest last: the only source of truth. Reads: `reader.py`, `blosc_reader.py`; errors and the
-manifest: `manifest.py`; orphans of interrupted writes: `recovery.py`.
-"""
+manifest: `manifest.py`; orphans of interrupted writes: `recovery.py`."""
 
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ from cache_server.store.stored_rows import StoredRows
 from cache_server.torch_utils import dtype_name
 from schemas.dtypes import DTYPE_NAMES
 from schemas.layers import LAYER_CONVENTION
-from schemas.prompts import GeneratorInfo
+from schemas.prompts import CaptureInfo, GeneratorInfo
 from schemas.safetensors_frame import numpy_dtype
 from schemas.sampling import SamplingParams
 from schemas.storage import STORAGE_NAMES, StorageName
@@ -178,13 +177,14 @@ class HiddenStore:
         generator: GeneratorInfo | None = None,
         sampling: SamplingParams | None = None,
         outside_support: int | None = None,
+        capture: CaptureInfo | None = None,
     ) -> PromptManifest:
         """Publish `layers` ({k: [T, H] CPU tensor}); on a published prompt, add the ones it lacks (its
-        manifest keeps the first write's response checks, `generator` and `sampling`)."""
+        manifest keeps the first write's response checks, `generator`, `sampling` and `capture`)."""
         check_name(prompt_id, "prompt id")
         ids = publish.check_tokens(token_ids, prompt_len)
         data, scales = publish.stored_layers(layers, (len(ids), self.hidden_size), self.dtype, self.storage)
-        sha = token_sha256(ids)
+        sha, by_engine = token_sha256(ids), capture if capture is not None and capture.kind == "engine" else None
         with self._prompt_lock(prompt_id):
             old = self.manifest(prompt_id, fresh=True)
             if old is not None:
@@ -209,7 +209,7 @@ class HiddenStore:
                 if old is not None
                 else first_manifest(
                     prompt_id, ids, prompt_len, crc32, scale_crc32, greedy_mismatches, generator, **self._identity
-                ).model_copy(update={"sampling": sampling, "outside_support": outside_support})
+                ).model_copy(update={"sampling": sampling, "outside_support": outside_support, "capture": by_engine})
             )
             publish_it = partial(self._publish, m, new=old is None)
             return publish.published_or_discarded(self.blobs, base, crc32, scale_crc32, publish_it)

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas.dtypes import DTypeName
 from schemas.layers import LAYER_CONVENTION, LayerConvention
-from schemas.prompts import GeneratorInfo
+from schemas.prompts import CaptureInfo, GeneratorInfo
 from schemas.sampling import SamplingParams
 from schemas.storage import StorageName
 
@@ -82,6 +82,7 @@ class PromptManifest(BaseModel):
     # tokens outside the support of that setting under the stored forward (None: greedy, not checked).
     sampling: SamplingParams | None = None
     outside_support: int | None = None
+    capture: CaptureInfo | None = None  # how an engine computed the states (None: the server's forward, hf)
     # zlib.crc32 of each layer's zarr.json, which holds the crc32 of each of its chunks: readers
     # check both, so a layer overwritten after publishing is an error, never served (None: a prompt
     # published before checksums).
@@ -96,6 +97,8 @@ class PromptManifest(BaseModel):
         left_out = {"storage", "scale_crc32"} if exact else set()
         if self.sampling is None:  # a greedy prompt's manifest is as servers from before sampling wrote it
             left_out |= {"sampling", "outside_support"}
+        if self.capture is None:  # and an hf capture's as servers from before engine captures
+            left_out.add("capture")
         return self.model_dump(mode="json", exclude=left_out or None)
 
 

@@ -209,6 +209,7 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
         by_set=by_set(results, run.sets, fields.tree_budgets, fields.eagle_trees),
         prompts_not_target_greedy=len(not_greedy),
         generators=dict(Counter(r.generator or "unknown" for r in results)),
+        captures=dict(Counter(r.capture or "unknown" for r in results)),
         wall_time_s=time.perf_counter() - run.started,
         cost=cost,
     )

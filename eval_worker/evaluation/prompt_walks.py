@@ -134,6 +134,7 @@ def _prompt_eval(s: ServedPrompt, rounds: Walked, chain: RoundTaus, expected: Ex
         eagle_trees=rounds.eagle_trees,
         greedy_mismatches=meta.greedy_mismatches,
         generator=meta.generator,
+        capture=meta.capture,
         sampling=meta.sampling_params,
         outside_support=meta.outside_support,
         prompt_sha256=hashlib.sha256(str(prompt.token_ids[: prompt.prompt_len]).encode()).hexdigest()[:16],

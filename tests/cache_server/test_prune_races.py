@@ -16,7 +16,7 @@ import httpx
 from fastapi import FastAPI
 
 from cache_server.api.app import create_app
-from cache_server.capture.target import Target
+from cache_server.capture.target import open_hf_target
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.service import HiddenStateService
 from cache_server.coordination.database import Database
@@ -72,7 +72,7 @@ class BarrierBlobs(LocalBlobs):
 
 def _service(settings: ServeSettings, barrier: Barrier) -> HiddenStateService:
     """`build_service` of a CPU target, with the barrier in its store's writes."""
-    target = Target(settings.model, device="cpu")
+    target = open_hf_target(settings.model, device="cpu")
     info = target.info
     blobs = BarrierBlobs(Path(settings.store), barrier)
     # No sweep at its start: it would read, and keep, every manifest; this server reads each prompt's first

@@ -32,13 +32,13 @@ class _Gated:
 
     def __call__(self, settings: ServeSettings) -> HiddenStateService:
         service = build_service(settings)
-        capture, gate = service.target.capture, self.gate
+        capture, gate = service.target.capturer.capture, self.gate
 
         def gated_capture(*args: Any, **kwargs: Any) -> Any:
             gate.wait(timeout=60)
             return capture(*args, **kwargs)
 
-        service.target.capture = gated_capture  # type: ignore[method-assign]
+        service.target.capturer.capture = gated_capture  # type: ignore[method-assign]
         return service
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cache_server.capture.target import Target
+from cache_server.capture.target import open_hf_target
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.cli import main
@@ -37,8 +37,8 @@ def test_doctor_names_a_checkpoint_trained_on_the_normed_last_layer(
         spread = torch.linspace(0.1, 3.0, 64)
         model.model.norm.weight.copy_(spread[torch.randperm(64, generator=torch.Generator().manual_seed(0))])
     model.save_pretrained(target_dir)
-    encoder = Target(target_dir, device="cpu")
-    data = make_sequences(model, [encoder.encode(PromptSpec(text=t)) for t in TRAIN_TEXTS], LAST, NEW_TOKENS)
+    encoder = open_hf_target(target_dir, device="cpu")
+    data = make_sequences(model, [encoder.prompts.encode(PromptSpec(text=t)) for t in TRAIN_TEXTS], LAST, NEW_TOKENS)
     with torch.no_grad():  # HF's last hidden_states entry, through HF's own norm module
         taps = [model.model.norm(t) for t in data.taps]
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from cache_server.capture.target import Target
+from cache_server.capture.target import open_hf_target
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.cli import main
@@ -55,8 +55,8 @@ def _engine_and_server(
         pytest.fail("the vLLM environment .venv-vllm is missing: ./dev test (or .ci/run) builds it")
     model_dir = build_tiny_model(tmp / "target", layers=layers, hidden=128, head_dim=32, seed=0)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    target = Target(model_dir, device="cpu")
-    served, method, drafter = train(model_dir, model, [target.encode(PromptSpec(text=t)) for t in TRAIN])
+    target = open_hf_target(model_dir, device="cpu")
+    served, method, drafter = train(model_dir, model, [target.prompts.encode(PromptSpec(text=t)) for t in TRAIN])
     spec = json.dumps({"method": method, "model": str(served), "num_speculative_tokens": SPECULATIVE[method]})
     engine = VllmServer(model_dir, free_port(), tmp / "vllm.log", "--speculative-config", spec)
     engine.start()

@@ -119,13 +119,13 @@ class _GatedService:
 
     def __call__(self, settings: ServeSettings) -> HiddenStateService:
         service = build_service(settings)
-        capture, gate = service.target.capture, self.gate
+        capture, gate = service.target.capturer.capture, self.gate
 
         def gated_capture(*args, **kwargs):  # type: ignore[no-untyped-def]
             gate.wait(timeout=30)
             return capture(*args, **kwargs)
 
-        service.target.capture = gated_capture  # type: ignore[method-assign]
+        service.target.capturer.capture = gated_capture  # type: ignore[method-assign]
         return service
 
 

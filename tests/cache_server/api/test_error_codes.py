@@ -8,6 +8,7 @@ import http.client
 import json
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -52,7 +53,7 @@ class _Rigged:
 
     def __call__(self, settings: ServeSettings) -> HiddenStateService:
         service = build_service(settings)
-        capture, gate = service.target.capture, self.gate
+        capture, gate = service.target.capturer.capture, self.gate
 
         def rigged_capture(sequences: Any, *args: Any, **kwargs: Any) -> Any:
             if any(s[0] == FAILS for s in sequences):
@@ -61,12 +62,17 @@ class _Rigged:
                 gate.wait(timeout=30)
             return capture(sequences, *args, **kwargs)
 
-        def no_heads() -> Any:
-            raise RuntimeError("a bug in the server")
-
-        service.target.capture = rigged_capture  # type: ignore[method-assign]
-        service.target.heads = no_heads  # type: ignore[method-assign]
+        service.target.capturer.capture = rigged_capture  # type: ignore[method-assign]
+        service.target = replace(service.target, heads=BrokenHeads())  # type: ignore[arg-type]
         return service
+
+
+class BrokenHeads:
+    """Heads whose first read raises: a bug in the server, for `internal_error`."""
+
+    @property
+    def embed(self) -> Any:
+        raise RuntimeError("a bug in the server")
 
 
 @pytest.fixture(scope="module")

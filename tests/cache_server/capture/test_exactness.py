@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from cache_server.capture.target import Target
+from cache_server.capture.target import open_hf_target
 from schemas.prompts import PromptSpec
 from tests.cache_server.helpers import app_client, get_hidden, metric, register_ready
 from tests.cache_server.reference import direct_layer_outputs
@@ -79,9 +79,9 @@ def test_token_range_and_bfloat16_bytes(tiny_target: Path, tmp_path: Path) -> No
 
 
 def test_batched_generation_matches_one_prompt_at_a_time(tiny_target: Path) -> None:
-    target = Target(tiny_target, device="cpu")
-    prompts = [target.encode(PromptSpec(text=t)) for t in ("def fib(n):", "The quick brown fox jumps", "x")]
-    batched = target.generate(prompts, 20)  # one left-padded batch
+    target = open_hf_target(tiny_target, device="cpu")
+    prompts = [target.prompts.encode(PromptSpec(text=t)) for t in ("def fib(n):", "The quick brown fox jumps", "x")]
+    batched = target.forward.generate(prompts, 20)  # one left-padded batch
     model = AutoModelForCausalLM.from_pretrained(tiny_target).eval()
     for prompt, response in zip(prompts, batched, strict=True):
         alone = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)[0].tolist()
@@ -135,6 +135,6 @@ def test_a_device_map_over_the_layers_stores_the_same_bits(tiny_target: Path, tm
     with app_client(tiny_target, tmp_path / "store", device_map=json.dumps(placement)) as client:
         [pid] = register_ready(client, [{"token_ids": PROMPT, "response_token_ids": RESPONSE}])
         tensors, _ = get_hidden(client, pid, "0,1,2,3,4,5")
-        assert client.app.state.service.target.device == torch.device("cpu")  # type: ignore[attr-defined]
+        assert client.app.state.service.target.forward.device == torch.device("cpu")  # type: ignore[attr-defined]
     expected = direct_layer_outputs(tiny_target, tokens)
     assert torch.equal(tensors["hidden"], torch.cat(expected, dim=1))

@@ -30,14 +30,14 @@ class _Dies(BaseException):
 
 def _dying(settings: ServeSettings) -> HiddenStateService:
     service = build_service(settings)
-    capture = service.target.capture
+    capture = service.target.capturer.capture
 
     def dying_capture(sequences: Any, *args: Any, **kwargs: Any) -> Any:
         if any(s[0] == DIES for s in sequences):
             raise _Dies
         return capture(sequences, *args, **kwargs)
 
-    service.target.capture = dying_capture  # type: ignore[method-assign]
+    service.target.capturer.capture = dying_capture  # type: ignore[method-assign]
     return service
 
 

@@ -1,0 +1,4 @@
+"""KV connectors that misbehave on purpose, loaded by a test's vLLM engine (on its PYTHONPATH beside
+`cache_server/engine_connector/`), never imported by the tests: `hsc_wrong_tokens_connector.py` writes
+token ids other than the prompt's.
+"""
