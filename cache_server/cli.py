@@ -178,7 +178,7 @@ def _serve(settings: ServeSettings) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # before the port opens: an engine that cannot generate this target's responses stops the start
         service = build_service(settings)
-    except (EngineUnfit, StoreInputError) as e:
+    except (EngineUnfit, StoreInputError, FileNotFoundError) as e:  # a checkpoint without safetensors heads, say
         print(f"cache-server: {e}", file=sys.stderr)
         return 2
     uvicorn.run(

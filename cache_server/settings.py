@@ -222,6 +222,8 @@ class ServeSettings(BaseSettings):
     def _engine_capture(self) -> ServeSettings:
         if self.capture == "engine" and (self.generator == "hf" or self.engine_files is None):
             raise ValueError("--capture engine needs --generator URL (the engine) and --engine-files DIR (its files)")
+        if self.capture == "engine" and self.device_map is not None:
+            raise ValueError("--device-map places the in-process target; with --capture engine the engine places it")
         if self.capture == "hf" and self.engine_files is not None:
             raise ValueError("--engine-files is read by --capture engine only")
         return self

@@ -87,6 +87,7 @@ def open_target(settings: ServeSettings) -> tuple[Target, EngineClient | None]:
             timeout_s=timeout_s,
             concurrency=concurrency,
             orphan_after_s=settings.capture_lease_s,
+            dtype=settings.dtype,
         )
         return target, EngineClient(engine, timeout_s=timeout_s, concurrency=concurrency, files=settings.engine_files)
     target = open_hf_target(

@@ -103,7 +103,7 @@ def open_hf_target(
     prompts = shape.tokenizer(model_dir)
     forward = HfForward(
         model_dir,
-        device=resolve_device(device) if device_map is None else torch_device,
+        device=torch_device,
         dtype=torch_dtype,
         device_map=device_map,
         pad_token_id=prompts.pad_token_id,

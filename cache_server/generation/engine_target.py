@@ -35,11 +35,13 @@ def open_engine_target(
     timeout_s: float,
     concurrency: int,
     orphan_after_s: float,
+    dtype: str | None = None,
 ) -> Target:
     """The target whose layers `engine` computes into `files`; EngineUnfit (one line) when the engine
     cannot capture it: no capture file, other capture layers than `capture_layers`, no last layer, or
     states that do not give the engine's own greedy tokens through the target's heads. Files in `files`
-    older than `orphan_after_s` that no capture took are swept."""
+    older than `orphan_after_s` that no capture took are swept. `dtype`, when given, must be the engine's
+    (the states are stored in the engine's dtype)."""
     check_model_dir(model_dir)
     shape = ModelShape.of(model_dir)
     prompts = shape.tokenizer(model_dir)
@@ -47,6 +49,8 @@ def open_engine_target(
     sequence = probe + generate_once(engine, probe, PROBE_TOKENS, timeout_s=timeout_s, files=files)
     launch = _probe_launch(engine, sequence, files, shape.hidden_size, timeout_s)
     _check_layers(launch, capture_layers, shape.num_layers)
+    if dtype is not None and dtype != launch.dtype:
+        raise EngineUnfit(f"--dtype {dtype} differs from the engine's {launch.dtype}: launch both with one dtype")
     heads = Heads.from_checkpoint(model_dir, TORCH_DTYPES[launch.dtype])
     if heads.final_norm is None:
         raise EngineUnfit(

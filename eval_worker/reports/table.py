@@ -63,6 +63,11 @@ def _layers(r: EvalReport) -> str:
     return text
 
 
+def _counted(kinds: dict[str, int]) -> str:
+    """`{"hf float32": 12}` -> `hf float32 (12 prompts)`; `not recorded` for a report from before."""
+    return ", ".join(f"{kind} ({n} prompts)" for kind, n in sorted(kinds.items())) or "not recorded"
+
+
 def format_report(report: EvalReport) -> str:
     """One report for the terminal: checkpoint, target, layers, and a row per draft kind."""
     step = "-" if report.step is None else str(report.step)
@@ -71,6 +76,7 @@ def format_report(report: EvalReport) -> str:
         f"target      {report.target_name} ({report.target_fingerprint}), features stored {report.feature_storage}",
         f"drafter     {_drafter(report)}",
         f"layers      {_layers(report)}",
+        f"captured by {_counted(report.summary.captures)}; responses by {_counted(report.summary.generators)}",
         "",
         f"{'drafts':<16} {'tau':>8} {'s.e.':>7} {'tok/round':>11} {'rounds':>7} {'prompts':>7}  round-tau histogram",
         *_rows(report.summary),

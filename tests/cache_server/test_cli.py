@@ -42,3 +42,24 @@ def test_serve_refuses_a_missing_model_or_gpu_before_starting(
     if not torch.cuda.is_available():
         assert main(["serve", "--model", str(tiny_target), "--store", str(tmp_path), "--device", "cuda"]) == 2
         assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_engine_capture_options_are_refused_unless_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    serve = ["serve", "--model", str(tmp_path), "--store", str(tmp_path)]
+    assert main([*serve, "--capture", "engine", "--engine-files", str(tmp_path)]) == 2
+    assert "--capture engine needs --generator URL (the engine) and --engine-files DIR" in capsys.readouterr().err
+    assert main([*serve, "--capture", "engine", "--generator", "http://127.0.0.1:9/v1"]) == 2
+    assert "--engine-files DIR" in capsys.readouterr().err
+    engine = ["--capture", "engine", "--generator", "http://127.0.0.1:9", "--engine-files", str(tmp_path)]
+    assert main([*serve, *engine, "--device-map", "auto"]) == 2
+    assert "the engine places it" in capsys.readouterr().err
+    assert main([*serve, "--engine-files", str(tmp_path)]) == 2
+    assert "--engine-files is read by --capture engine only" in capsys.readouterr().err
+
+
+def test_engine_capture_with_no_engine_stops_the_start_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_target: Path
+) -> None:
+    engine = ["--capture", "engine", "--generator", "http://127.0.0.1:9/v1", "--engine-files", str(tmp_path)]
+    assert main(["serve", "--model", str(tiny_target), "--store", str(tmp_path / "s"), *engine]) == 2
+    assert "cache-server: --generator http://127.0.0.1:9: GET /v1/models failed" in capsys.readouterr().err

