@@ -53,10 +53,6 @@ class Responses:
         wake: Callable[[], None],
         on_engine_error: Callable[[], None],
     ) -> None:
-        if engine is None and target.forward is None:
-            raise ValueError(
-                "a target captured by an engine has no forward of its own: its responses need --generator URL"
-            )
         self.target, self.store = target, store
         self._fail, self._wake = fail, wake
         self._lock = threading.Lock()
