@@ -29,6 +29,13 @@ class Captured:
     greedy_mismatches: int | None  # greedy responses (None for sampled ones)
     outside_support: int | None = None  # sampled responses (None for greedy ones)
 
+    @classmethod
+    def of(cls, states: dict[int, torch.Tensor], misses: int, sampling: SamplingParams | None) -> Captured:
+        """`misses` response tokens the target would not emit: greedy mismatches, or outside `sampling`'s support."""
+        if sampling is None:
+            return cls(states, greedy_mismatches=misses)
+        return cls(states, greedy_mismatches=None, outside_support=misses)
+
 
 class Capturer(Protocol):
     """Runs sequences through the target and returns their layers' outputs.

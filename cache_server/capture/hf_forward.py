@@ -131,11 +131,6 @@ class HfForward:
         out: list[Captured | Exception] = []
         for i, (n, p, sampling) in enumerate(zip(lengths, prompt_lens, settings, strict=True)):
             misses = response_misses(normed[i, :n], input_ids[i, :n], p, sampling, lm_head.to(normed.device))
-            out.append(
-                Captured(
-                    states={k: captured[k][i, :n] for k in layers},  # views of the batch's host copy
-                    greedy_mismatches=misses if sampling is None else None,
-                    outside_support=misses if sampling is not None else None,
-                )
-            )
+            states = {k: captured[k][i, :n] for k in layers}  # views of the batch's host copy
+            out.append(Captured.of(states, misses, sampling))
         return out

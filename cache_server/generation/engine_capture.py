@@ -131,8 +131,4 @@ class EngineCapturer:
             )
         column = {k: i for i, k in enumerate(launch.layers)}
         misses = self.heads.response_misses(hidden[:, column[self._last]], torch.tensor(sequence), prompt_len, sampling)
-        return Captured(
-            states={k: hidden[:, column[k]] for k in layers},
-            greedy_mismatches=misses if sampling is None else None,
-            outside_support=misses if sampling is not None else None,
-        )
+        return Captured.of({k: hidden[:, column[k]] for k in layers}, misses, sampling)
