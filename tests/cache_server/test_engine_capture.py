@@ -174,7 +174,7 @@ def _evaluate(checkpoint: Path, url: str, out: Path) -> EvalReport:
     return EvalReport.model_validate_json(out.read_text())
 
 
-def test_capture_layers_other_than_the_engines_refuse_the_start(
+def test_capture_layers_or_a_dtype_other_than_the_engines_refuse_the_start(
     engine: VllmServer, capture_target: Path, files: Path, tmp_path: Path
 ) -> None:
     cmd = [sys.executable, "-m", "cache_server.cli", "serve", "--model", str(capture_target), "--store", str(tmp_path)]
@@ -184,6 +184,8 @@ def test_capture_layers_other_than_the_engines_refuse_the_start(
     (message,) = [line for line in done.stderr.splitlines() if line.startswith("cache-server:")]
     assert "--capture-layers 0,3 differ from the engine's capture layers 0,1,2,3" in message
     assert "eagle_aux_hidden_state_layer_ids [1, 2, 3, 4]" in message
+    done = subprocess.run([*cmd, "--dtype", "bfloat16"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--dtype bfloat16 differs from the engine's float32" in done.stderr
 
 
 def test_a_server_without_the_decoders_weights_captures_through_the_engine(
