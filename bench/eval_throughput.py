@@ -32,14 +32,14 @@ from cache_server.client import CacheClient
 from eval_worker.checkpoints.layer_ids import default_layer_ids
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
 from eval_worker.checkpoints.loading import load_checkpoint
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.evaluation.dflash_walks import CHAIN, walk_prompts
 from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.feature_cache import FeatureCache
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.sweep import evaluate_checkpoints
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.families.dflash.drafter import DFlashDrafter
+from eval_worker.families.dflash.walks import CHAIN, walk_prompts
 from eval_worker.settings import EvaluateSettings
 from schemas.report import EvalReport
 from testing.all_anchor import all_anchor_taus

@@ -27,7 +27,7 @@ from transformers import AutoConfig
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient, JobsClient
 from eval_worker.checkpoints.layer_ids import default_layer_ids, eagle3_default_layer_ids
-from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.reports.compare import compare_table
 from eval_worker.reports.plot import plot
 from schemas.jobs import JobStatus

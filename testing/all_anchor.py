@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from eval_worker.drafters.dflash import ContextKV, DFlashDrafter
-from eval_worker.evaluation.dflash_walks import CHAIN
+from eval_worker.families.dflash.drafter import ContextKV, DFlashDrafter
+from eval_worker.families.dflash.walks import CHAIN
 from eval_worker.scoring.acceptance import DraftLookup, chain_round_taus, tree_round_taus
 from eval_worker.scoring.summary import round_taus
 from schemas.report import PromptEval

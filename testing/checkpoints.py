@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.drafters.dflash_config import HfLayout
+from eval_worker.families.dflash.config import HfLayout
+from eval_worker.families.dflash.drafter import DFlashDrafter
 from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS, TRAINER_STATE
 
 

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor
 
-from eval_worker.drafters.eagle3 import Eagle3Context, Eagle3Drafter, NodeBatch
-from eval_worker.drafters.eagle3_config import Eagle3Config
+from eval_worker.families.eagle3.config import Eagle3Config
+from eval_worker.families.eagle3.drafter import Eagle3Context, Eagle3Drafter, NodeBatch
 from schemas.checkpoint_layout import HF_CONFIG, HF_WEIGHTS, TRAINER_STATE
 from testing.tiny_trainer import attention_shape
 

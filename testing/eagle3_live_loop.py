@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from eval_worker.drafters.eagle3 import Eagle3Drafter
+from eval_worker.families.eagle3.drafter import Eagle3Drafter
 from eval_worker.scoring.eagle_tree import EagleTree, select_tree, stable_topk
 from schemas.trees import EagleTreeShape
 from testing.live_loop import LiveResult, target_heads

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from eval_worker.drafters.dflash import DFlashDrafter, draft_block
+from eval_worker.families.dflash.drafter import DFlashDrafter, draft_block
 from eval_worker.scoring.ddtree import DraftTree, build_tree
 from testing.taps import target_forward
 

@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import AutoModelForCausalLM
 
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.drafters.eagle3 import Eagle3Drafter
+from eval_worker.families.dflash.drafter import DFlashDrafter
+from eval_worker.families.eagle3.drafter import Eagle3Drafter
 from schemas.sampling import DraftSampling, SamplingParams
 from testing.servers import serving_app
 from testing.speculative_sampling import SampledRun, speculative_sample
@@ -109,7 +109,10 @@ class SpecCompletions:
     ) -> None:
         if isinstance(drafter, LoadedCheckpoint):
             layer_ids = drafter.target_layer_ids
-            drafter = drafter.drafter
+            module = drafter.drafter
+            if not isinstance(module, DFlashDrafter | Eagle3Drafter):
+                raise TypeError(f"the test engine drafts with DFlash or EAGLE-3, not {type(module).__name__}")
+            drafter = module
         if layer_ids is None:
             raise ValueError("a drafter module needs its target layer ids (decoder outputs)")
         self.name = target_dir.name

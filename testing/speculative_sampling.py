@@ -38,8 +38,8 @@ import torch
 from torch import Tensor, nn
 
 from cache_server.sampling import sample_token, seeded_generator, target_probs
-from eval_worker.drafters.dflash import DFlashDrafter, draft_block
-from eval_worker.drafters.eagle3 import Eagle3Drafter, NodeBatch
+from eval_worker.families.dflash.drafter import DFlashDrafter, draft_block
+from eval_worker.families.eagle3.drafter import Eagle3Drafter, NodeBatch
 from schemas.sampling import DraftSampling, SamplingParams
 from testing.live_loop import target_heads
 from testing.taps import target_forward

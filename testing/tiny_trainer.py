@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.drafters.dflash_config import DFlashConfig
+from eval_worker.families.dflash.config import DFlashConfig
+from eval_worker.families.dflash.drafter import DFlashDrafter
 from testing.all_anchor import block_logits
 from testing.taps import greedy_continuation, target_forward
 

@@ -18,7 +18,7 @@ from transformers import AutoConfig
 from cache_server.capture.fingerprint import target_fingerprint
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient, JobsClient
-from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.families.dflash.drafter import DFlashDrafter
 from schemas.jobs import JobStatus
 from testing.checkpoints import save_hf_checkpoint
 from testing.docker import (

@@ -14,10 +14,10 @@ from cache_server.api.app import create_app
 from cache_server.client import HiddenResult, TargetHeads
 from cache_server.settings import ServeSettings
 from eval_worker.checkpoints.loading import load_checkpoint
-from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
+from eval_worker.families.dflash.drafter import DFlashDrafter
 from schemas.hidden import HiddenMetadata
 from schemas.model import ModelInfo
 from testing.checkpoints import save_torch_checkpoint

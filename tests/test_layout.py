@@ -128,20 +128,22 @@ def test_each_package_docstring_names_every_module_in_it(package: str) -> None:
 
 # Where a drafter family may be named by its classes: its own files, and the one table of families.
 FAMILY_FILES = {
-    "eval_worker/families.py",
-    *(f"eval_worker/drafters/{n}.py" for n in ("dflash", "dflash_config", "eagle3", "eagle3_config", "layers")),
-    *(f"eval_worker/checkpoints/{n}.py" for n in ("dflash", "dflash_layout", "eagle3", "eagle3_layouts", "loaded")),
-    *(f"eval_worker/evaluation/{n}_{kind}.py" for n in ("dflash", "eagle3") for kind in ("walks", "probabilistic")),
+    "eval_worker/families/__init__.py",
+    "eval_worker/drafters/layers.py",
+    "eval_worker/checkpoints/loaded.py",
 }
+FAMILY_FOLDERS = ("eval_worker/families/",)  # each family's own folder
 FAMILY_CLASSES = ("DFlashDrafter", "DFlashConfig", "Eagle3Drafter", "Eagle3Config")
 
 
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_drafter_families_are_told_apart_only_in_their_table(path: Path) -> None:
-    """Outside a family's own files, code asks `families.py`, never `isinstance` or the family's name
-    (reports format the wire's `drafter_family` field, without torch)."""
+    """Outside a family's own folder, code asks the table (`families/__init__.py`), never `isinstance` or
+    the family's name (reports format the wire's `drafter_family` field, without torch)."""
     name = str(path.relative_to(ROOT))
-    if name in FAMILY_FILES or not name.startswith("eval_worker/") or name.startswith("eval_worker/reports/"):
+    if name in FAMILY_FILES or name.startswith(FAMILY_FOLDERS) or not name.startswith("eval_worker/"):
+        return
+    if name.startswith("eval_worker/reports/"):  # they format the wire's `drafter_family`
         return
     told_apart = []
     for node in ast.walk(ast.parse(path.read_text())):
@@ -152,6 +154,18 @@ def test_drafter_families_are_told_apart_only_in_their_table(path: Path) -> None
         ):
             told_apart.append(ast.unparse(node))
     assert not told_apart, f"{path.name} tells drafter families apart itself: {told_apart}"
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "eval_worker" / "families").glob("*/*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_a_family_folder_imports_neither_the_table_nor_another_family(path: Path) -> None:
+    """A family is its folder: it imports what all families share, never the table above it or a sibling."""
+    own = f"eval_worker.families.{path.parent.name}"
+    imported = [n.module or "" for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)]
+    imported += [a.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Import) for a in n.names]
+    upward = [m for m in imported if m.startswith("eval_worker.families") and not m.startswith(own)]
+    assert not upward, f"{path.relative_to(ROOT)} imports {upward}"
 
 
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))

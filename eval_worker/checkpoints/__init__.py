@@ -1,6 +1,7 @@
-"""Drafter checkpoints, read from disk (`raw.py`) and loaded strictly for a target (`loading.py`,
-`loaded.py`), one loader per family: DFlash (`dflash.py`, its config keys in `dflash_layout.py`) and
-EAGLE-3 (`eagle3.py`, its layouts in `eagle3_layouts.py`); every config key honoured, inert or
-refused (`config_keys.py`) and every tensor checked (`state_checks.py`); which target layers the fc
-reads and where that answer came from (`layer_ids.py`); `eval-worker inspect` (`info.py`).
+"""Drafter checkpoints, whatever their family: read from disk (`raw.py`) and loaded strictly for a
+target (`loading.py`, asking the family table which family a checkpoint is; what a load gives back:
+`loaded.py`); every config key honoured, inert or refused (`config_keys.py`) and every tensor checked
+(`state_checks.py`); which target layers the fc reads and where that answer came from
+(`layer_ids.py`); `eval-worker inspect` (`info.py`). Each family's own loader is in its folder under
+`families/`.
 """

@@ -8,10 +8,7 @@ from typing import Literal
 
 from eval_worker.checkpoints.layer_ids import LayerConvention, LayerIdsSource, ResolvedLayerIds
 from eval_worker.checkpoints.raw import CheckpointFormat
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.drafters.dflash_config import DFlashConfig
-from eval_worker.drafters.eagle3 import Eagle3Drafter
-from eval_worker.drafters.eagle3_config import Eagle3Config
+from torch import nn
 
 Family = Literal["dflash", "eagle3"]
 
@@ -36,8 +33,8 @@ class LoadedCheckpoint:
     format: CheckpointFormat
     family: Family
     layout: str  # "dflash", or the EAGLE-3 layout: "eagle" | "specforge" | "speculators"
-    config: DFlashConfig | Eagle3Config
-    drafter: DFlashDrafter | Eagle3Drafter
+    config: object  # the family's own config class: only its folder reads it
+    drafter: nn.Module  # the family's drafter, with an `fc` over the concatenated taps
     layer_ids: ResolvedLayerIds
     step: int | None
     epoch: int | None

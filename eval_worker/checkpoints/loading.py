@@ -1,5 +1,5 @@
-"""Load drafter checkpoints - strictly, or not at all - whatever their family (`families.py` tells
-them apart by their config and loads each its own way): anything that would not load with
+"""Load drafter checkpoints - strictly, or not at all - whatever their family (the table in
+`families/` tells them apart by their config and loads each its own way): anything that would not load with
 `strict=True` into a drafter fitting the target raises `CheckpointRefused` naming the tensor, the
 shapes and the layer ids.
 """

@@ -23,11 +23,12 @@ def check_features(features: Features, prompt_id: str, fingerprint: str, checkpo
     """The served features are the requested layers of the whole sequence of this target, and as
     wide as the checkpoint's fc (CheckpointRefused otherwise, naming the shapes and layers)."""
     meta, hidden, layers = features.metadata, features.hidden, list(checkpoint.target_layer_ids)
-    fc_width = checkpoint.drafter.fc.weight.shape[1]
+    fc_shape = list(checkpoint.drafter.get_parameter("fc.weight").shape)
+    fc_width = fc_shape[1]
     if hidden.dim() != 2 or hidden.shape[1] != fc_width:
         raise CheckpointRefused(
             f"prompt {prompt_id}: served features have shape {list(hidden.shape)}, but fc.weight "
-            f"{list(checkpoint.drafter.fc.weight.shape)} needs width {fc_width} for layers {layers}"
+            f"{fc_shape} needs width {fc_width} for layers {layers}"
         )
     if meta.layers != layers:
         raise FeatureMismatch(f"prompt {prompt_id}: requested layers {layers}, the cache served {meta.layers}")

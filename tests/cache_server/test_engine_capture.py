@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.cli import main as eval_worker
-from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.families.dflash.drafter import DFlashDrafter
 from schemas.report import EvalReport
 from testing.checkpoints import save_torch_checkpoint
 from testing.eagle3 import eagle3_config, random_eagle3, save_eagle3, train_eagle3

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.drafters.dflash_config import DFlashConfig
+from eval_worker.families.dflash.config import DFlashConfig
+from eval_worker.families.dflash.drafter import DFlashDrafter
 from schemas.model import ModelInfo
 from testing.live_loop import target_heads
 from testing.tiny_trainer import Sequences, TinyTrainer, make_sequences, tiny_drafter_config

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.drafters.dflash_config import DFlashConfig
+from eval_worker.families.dflash.config import DFlashConfig
+from eval_worker.families.dflash.drafter import DFlashDrafter
 from schemas.model import ModelInfo
 
 LAYER_IDS = (1, 3, 5)  # includes the last decoder layer (5 of 6), which needs the hook

@@ -16,7 +16,7 @@ from cache_server.capture.target import open_hf_target
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.cli import main
-from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.families.dflash.drafter import DFlashDrafter
 from schemas.prompts import PromptSpec
 from testing.checkpoints import save_hf_checkpoint
 from testing.live_loop import target_heads

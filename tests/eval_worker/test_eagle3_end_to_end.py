@@ -14,10 +14,10 @@ import pytest
 
 from cache_server.client import CacheClient, JobsClient
 from eval_worker.cli import main
-from eval_worker.drafters.eagle3 import Eagle3Drafter
-from eval_worker.evaluation.eagle3_walks import CHAIN, walk_eagle_prompts
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
 from eval_worker.exit_codes import ExitCode
+from eval_worker.families.eagle3.drafter import Eagle3Drafter
+from eval_worker.families.eagle3.walks import CHAIN, walk_eagle_prompts
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobStatus

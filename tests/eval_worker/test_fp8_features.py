@@ -16,10 +16,10 @@ from cache_server.capture.fingerprint import target_fingerprint
 from cache_server.client import CacheClient, HiddenResult
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
-from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
+from eval_worker.families.dflash.drafter import DFlashDrafter
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
 from testing.checkpoints import save_torch_checkpoint

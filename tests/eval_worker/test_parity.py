@@ -18,9 +18,9 @@ from cache_server.capture.target import open_hf_target
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.cli import main
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.exit_codes import ExitCode
+from eval_worker.families.dflash.drafter import DFlashDrafter
+from eval_worker.families.eagle3.drafter import Eagle3Drafter
 from schemas.parity import ParityReport
 from schemas.prompts import PromptSpec
 from testing.checkpoints import engine_keys, save_hf_checkpoint

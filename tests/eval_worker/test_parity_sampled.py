@@ -18,8 +18,8 @@ from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
-from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.exit_codes import ExitCode
+from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.parity.distribution import accepted_histogram, distribution_check, kept_accepted
 from eval_worker.parity.engine import SpecCounters
 from eval_worker.parity.probe import log_tails

@@ -18,12 +18,12 @@ from transformers import AutoModelForCausalLM
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.cli import main
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.drafters.eagle3 import Eagle3Drafter
-from eval_worker.evaluation.dflash_probabilistic import expected_dflash_prompts
-from eval_worker.evaluation.eagle3_probabilistic import expected_eagle3_prompts
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
 from eval_worker.exit_codes import ExitCode
+from eval_worker.families.dflash.drafter import DFlashDrafter
+from eval_worker.families.dflash.probabilistic import expected_dflash_prompts
+from eval_worker.families.eagle3.drafter import Eagle3Drafter
+from eval_worker.families.eagle3.probabilistic import expected_eagle3_prompts
 from schemas.prompts import GenerateSpec
 from schemas.report import EvalReport, ExpectedRounds
 from schemas.sampling import GREEDY

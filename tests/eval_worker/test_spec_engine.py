@@ -14,8 +14,8 @@ import pytest
 
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
 from eval_worker.checkpoints.loading import load_checkpoint
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.evaluation.dflash_walks import CHAIN
+from eval_worker.families.dflash.drafter import DFlashDrafter
+from eval_worker.families.dflash.walks import CHAIN
 from eval_worker.parity.compare import compare_prompt
 from eval_worker.parity.engine import VllmEngine
 from schemas.model import ModelInfo

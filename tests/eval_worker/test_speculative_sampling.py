@@ -15,12 +15,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from cache_server.sampling import sample_token, seeded_generator
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.drafters.eagle3 import Eagle3Drafter
-from eval_worker.evaluation.dflash_walks import CHAIN
-from eval_worker.evaluation.eagle3_walks import CHAIN as EAGLE_CHAIN
-from eval_worker.evaluation.eagle3_walks import walk_eagle_prompts
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.families.dflash.drafter import DFlashDrafter
+from eval_worker.families.dflash.walks import CHAIN
+from eval_worker.families.eagle3.drafter import Eagle3Drafter
+from eval_worker.families.eagle3.walks import CHAIN as EAGLE_CHAIN
+from eval_worker.families.eagle3.walks import walk_eagle_prompts
 from schemas.sampling import SamplingParams
 from testing.all_anchor import all_anchor_taus
 from testing.eagle3 import eagle3_config, frequent_d2t, random_eagle3, train_eagle3

@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eval_worker.checkpoints.dflash import expected_shapes
 from eval_worker.checkpoints.loading import load_checkpoint
-from eval_worker.drafters.dflash_config import DFlashConfig, HfLayout
 from eval_worker.errors import CheckpointRefused
+from eval_worker.families.dflash.checkpoint import expected_shapes
+from eval_worker.families.dflash.config import DFlashConfig, HfLayout
 from testing.checkpoints import save_hf_checkpoint, save_torch_checkpoint
 from tests.eval_worker.helpers import random_drafter, small_config, small_target
 

@@ -16,9 +16,9 @@ from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
-from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.errors import CheckpointRefused
 from eval_worker.exit_codes import ExitCode
+from eval_worker.families.eagle3.drafter import Eagle3Drafter
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
 from testing.peers import peers_python, speculators_drafts, write_peer_checkpoints

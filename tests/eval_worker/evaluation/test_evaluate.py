@@ -13,12 +13,12 @@ import torch
 from cache_server.client import HiddenResult, TargetHeads
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
 from eval_worker.checkpoints.loading import load_checkpoint
-from eval_worker.drafters.dflash import DFlashDrafter
 from eval_worker.errors import CheckpointRefused, FeatureMismatch
-from eval_worker.evaluation.dflash_walks import CHAIN
 from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
+from eval_worker.families.dflash.drafter import DFlashDrafter
+from eval_worker.families.dflash.walks import CHAIN
 from schemas.hidden import HiddenMetadata
 from schemas.layers import LAYER_CONVENTION
 from schemas.model import ModelInfo

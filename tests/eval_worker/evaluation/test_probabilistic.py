@@ -29,12 +29,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cache_server.capture.tiny_model import MIN_VOCAB, build_tiny_model
 from cache_server.sampling import target_probs
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.drafters.eagle3 import Eagle3Drafter
-from eval_worker.evaluation.dflash_probabilistic import expected_dflash_prompts
-from eval_worker.evaluation.dflash_walks import CHAIN, walk_prompts
-from eval_worker.evaluation.eagle3_probabilistic import expected_eagle3_prompts
-from eval_worker.evaluation.eagle3_walks import walk_eagle_prompts
 from eval_worker.evaluation.probabilistic import (
     PAST_END,
     acceptance,
@@ -43,6 +37,12 @@ from eval_worker.evaluation.probabilistic import (
     target_logits,
 )
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.families.dflash.drafter import DFlashDrafter
+from eval_worker.families.dflash.probabilistic import expected_dflash_prompts
+from eval_worker.families.dflash.walks import CHAIN, walk_prompts
+from eval_worker.families.eagle3.drafter import Eagle3Drafter
+from eval_worker.families.eagle3.probabilistic import expected_eagle3_prompts
+from eval_worker.families.eagle3.walks import walk_eagle_prompts
 from schemas.report import ExpectedRounds
 from schemas.sampling import GREEDY, SamplingParams
 from testing.eagle3 import eagle3_config, frequent_d2t, random_eagle3, train_eagle3

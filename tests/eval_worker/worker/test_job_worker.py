@@ -17,7 +17,7 @@ import torch
 from transformers import AutoConfig
 
 from cache_server.client import CacheClient, JobsClient
-from eval_worker.drafters.dflash import DFlashDrafter
+from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
 from schemas.jobs import JobState, JobStatus

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.evaluation.dflash_walks import CHAIN, walk_prompts
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.families.dflash.drafter import DFlashDrafter
+from eval_worker.families.dflash.walks import CHAIN, walk_prompts
 from testing.all_anchor import all_anchor_taus
 from testing.live_loop import target_heads
 from testing.tiny_trainer import Sequences

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
-from eval_worker.drafters.dflash import ContextKV, DFlashDrafter, stack_kv
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.probabilistic import (
     LOGIT_ELEMENTS,
@@ -31,6 +30,7 @@ from eval_worker.evaluation.probabilistic import (
     padded_ids,
 )
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.families.dflash.drafter import ContextKV, DFlashDrafter, stack_kv
 from schemas.report import ExpectedRounds
 from schemas.sampling import SamplingParams
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from eval_worker.drafters.eagle3 import Eagle3Drafter
-from eval_worker.evaluation.eagle3_walks import CHAIN, walk_eagle_prompts
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.families.eagle3.drafter import Eagle3Drafter
+from eval_worker.families.eagle3.walks import CHAIN, walk_eagle_prompts
 from schemas.trees import EagleTreeShape
 from testing.eagle3 import eagle3_config, frequent_d2t, random_eagle3, train_eagle3
 from testing.eagle3_live_loop import live_eagle3_decode

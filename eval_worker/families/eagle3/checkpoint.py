@@ -14,14 +14,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from eval_worker.checkpoints.eagle3_layouts import Eagle3Layout, read_layout
 from eval_worker.checkpoints.layer_ids import ResolvedLayerIds, resolve_eagle3_layer_ids, to_decoder_outputs
 from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
 from eval_worker.checkpoints.raw import RawCheckpoint
 from eval_worker.checkpoints.state_checks import check_key_set, check_shapes, module_shapes
-from eval_worker.drafters.eagle3 import Eagle3Drafter
-from eval_worker.drafters.eagle3_config import Eagle3Config
 from eval_worker.errors import CheckpointRefused
+from eval_worker.families.eagle3.config import Eagle3Config
+from eval_worker.families.eagle3.drafter import Eagle3Drafter
+from eval_worker.families.eagle3.layouts import Eagle3Layout, read_layout
 from schemas.model import ModelInfo
 
 log = logging.getLogger(__name__)

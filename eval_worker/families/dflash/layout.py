@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from eval_worker.checkpoints.config_keys import INERT, check_keys
-from eval_worker.drafters.dflash_config import DFlashConfig
 from eval_worker.errors import CheckpointRefused
+from eval_worker.families.dflash.config import DFlashConfig
 
 _KEYS = {
     "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eval_worker.drafters.eagle3_config import Eagle3Config
 from eval_worker.drafters.layers import MLP, RMSNorm, apply_rope, rope_cos_sin
+from eval_worker.families.eagle3.config import Eagle3Config
 
 _PREFILL_ROWS = 256  # query rows of the causal pass per chunk (bounds the [heads, rows, T] scores)
 

@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
-from eval_worker.drafters.dflash import ContextKV, DFlashDrafter, stack_kv
-from eval_worker.drafters.dflash_config import DFlashConfig
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, ReportFields, Walked
+from eval_worker.families.dflash.config import DFlashConfig
+from eval_worker.families.dflash.drafter import ContextKV, DFlashDrafter, stack_kv
 from eval_worker.scoring.ddtree import accepted_nodes, build_tree
 from eval_worker.scoring.summary import round_taus
 

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from eval_worker.checkpoints.config_keys import INERT, check_keys
 from eval_worker.checkpoints.layer_ids import LayerConvention
-from eval_worker.drafters.eagle3_config import Eagle3Config, FeatureNorm
 from eval_worker.errors import CheckpointRefused
+from eval_worker.families.eagle3.config import Eagle3Config, FeatureNorm
 
 Layout = Literal["eagle", "specforge", "speculators"]
 
@@ -57,18 +57,12 @@ class Eagle3Layout:
     key_prefix: str  # the decoder layer's key prefix in this layout ("midlayer." or "layers.0.")
 
 
-# Draft families SpecForge trains that this project does not evaluate: refused by name, never guessed.
-_OTHER_FAMILIES = ("dspark", "domino", "peagle")
-
-
 def is_eagle3(raw: Mapping[str, Any]) -> bool:
-    """Whether a config dict describes an EAGLE-3 drafter rather than DFlash, decided by what the file
-    says it is (`architectures`, `dflash_config`, `speculators_model_type`) before incidental keys such
-    as `draft_vocab_size`, which SpecForge writes for both; CheckpointRefused for another family."""
+    """Whether a config dict describes an EAGLE-3 drafter, decided by what the file says it is
+    (`architectures`, `speculators_model_type`) before incidental keys such as `draft_vocab_size`, which
+    SpecForge writes for DFlash too (a file naming a DFlash architecture or `dflash_config` is not
+    EAGLE-3's); CheckpointRefused for a speculators drafter of another kind."""
     archs = [str(a) for a in raw.get("architectures") or []]
-    for arch in archs:
-        if any(arch.lower().startswith(other) for other in _OTHER_FAMILIES):
-            raise CheckpointRefused(f"architectures {archs}: {arch} drafters are not evaluated here (DFlash, EAGLE-3)")
     kind = raw.get("speculators_model_type")
     if kind is not None:
         if kind != "eagle3":

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
-from eval_worker.drafters.eagle3 import Eagle3Context, Eagle3Drafter, NodeBatch
-from eval_worker.drafters.eagle3_config import Eagle3Config
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, ReportFields, Walked
+from eval_worker.families.eagle3.config import Eagle3Config
+from eval_worker.families.eagle3.drafter import Eagle3Context, Eagle3Drafter, NodeBatch
 from eval_worker.scoring.eagle_tree import select_tree, stable_topk
 from eval_worker.scoring.summary import round_taus
 from schemas.trees import EagleTreeShape

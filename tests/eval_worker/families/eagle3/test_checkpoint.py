@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from eval_worker.checkpoints.loading import load_checkpoint
-from eval_worker.drafters.eagle3 import Eagle3Drafter
 from eval_worker.errors import CheckpointRefused
+from eval_worker.families.eagle3.drafter import Eagle3Drafter
 from schemas.model import ModelInfo
 from testing.eagle3 import eagle3_config, random_eagle3, save_eagle3
 

@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from eval_worker.drafters.dflash_config import DFlashConfig
 from eval_worker.errors import CheckpointRefused
+from eval_worker.families.dflash.config import DFlashConfig
 from tests.eval_worker.helpers import small_config
 
 

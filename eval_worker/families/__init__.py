@@ -1,7 +1,8 @@
-"""The drafter families, one row each: how a checkpoint of the family is recognised, loaded and checked
-against a target, how its drafts are walked, and what its report says of its drafting. Nothing
-else tells the families apart, so a new family is a drafter (`drafters/`), a loader
-(`checkpoints/`), a walk and its probabilistic drafting (`evaluation/`) and one row here."""
+"""The drafter families, one folder each (`dflash/`, `eagle3/`: the model, its config layouts, strict
+loading, walks and probabilistic drafting) and one row each in this table: how a checkpoint of the
+family is recognised, loaded and checked against a target, how its drafts are walked, and what its
+report says of its drafting. Nothing else tells the families apart, and nothing in a family's folder
+imports this table: a new family is a folder and a row."""
 
 from __future__ import annotations
 
@@ -12,17 +13,18 @@ from typing import Any
 
 from torch import Tensor
 
-from eval_worker.checkpoints.dflash import check_dflash_fits, describe_dflash, is_dflash, load_dflash
-from eval_worker.checkpoints.eagle3 import check_eagle3_fits, describe_eagle3, load_eagle3
-from eval_worker.checkpoints.eagle3_layouts import is_eagle3
 from eval_worker.checkpoints.loaded import Family, LoadedCheckpoint, LoadRequest
 from eval_worker.checkpoints.raw import RawCheckpoint
-from eval_worker.evaluation.dflash_probabilistic import expected_dflash
-from eval_worker.evaluation.dflash_walks import dflash_report_fields, walk_dflash
-from eval_worker.evaluation.eagle3_probabilistic import expected_eagle3
-from eval_worker.evaluation.eagle3_walks import eagle3_report_fields, walk_eagle3
+from eval_worker.errors import CheckpointRefused
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, ReportFields, Walked
+from eval_worker.families.dflash.checkpoint import check_dflash_fits, describe_dflash, is_dflash, load_dflash
+from eval_worker.families.dflash.probabilistic import expected_dflash
+from eval_worker.families.dflash.walks import dflash_report_fields, walk_dflash
+from eval_worker.families.eagle3.checkpoint import check_eagle3_fits, describe_eagle3, load_eagle3
+from eval_worker.families.eagle3.layouts import is_eagle3
+from eval_worker.families.eagle3.probabilistic import expected_eagle3
+from eval_worker.families.eagle3.walks import eagle3_report_fields, walk_eagle3
 from schemas.model import ModelInfo
 from schemas.report import ExpectedRounds
 from schemas.sampling import SamplingParams
@@ -97,7 +99,24 @@ FAMILIES: dict[Family, DrafterFamily] = {
 }
 
 
+# Draft families SpecForge trains that this project does not evaluate: refused by name, never guessed.
+OTHER_FAMILIES = ("dspark", "domino", "peagle")
+
+
 def family_of(config: Mapping[str, Any]) -> DrafterFamily:
-    """The one family whose config this is."""
-    [found] = [f for f in FAMILIES.values() if f.detect(config)]
-    return found
+    """The one family that says a config is its own; CheckpointRefused when none or several do, and for
+    the families known not to be evaluated here."""
+    archs = [str(a) for a in config.get("architectures") or []]
+    evaluated = ", ".join(f.title for f in FAMILIES.values())
+    for arch in archs:
+        if any(arch.lower().startswith(other) for other in OTHER_FAMILIES):
+            raise CheckpointRefused(f"architectures {archs}: {arch} drafters are not evaluated here ({evaluated})")
+    claimed = [f for f in FAMILIES.values() if f.detect(config)]
+    if len(claimed) != 1:
+        said = f"architectures {archs}" if archs else "no architectures"
+        which = " and ".join(f.title for f in claimed) if claimed else "none"
+        raise CheckpointRefused(
+            f"the drafter config ({said}) is read as a checkpoint of {which} of the families evaluated here "
+            f"({evaluated}): its config must say which it is (architectures, or the family's own block)"
+        )
+    return claimed[0]

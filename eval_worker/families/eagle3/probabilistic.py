@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
-from eval_worker.drafters.eagle3 import Eagle3Context, Eagle3Drafter, NodeBatch
-from eval_worker.evaluation.eagle3_walks import eagle3_steps
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.probabilistic import PAST_END, AnchorCells, draft_token_probs, expected_chains
 from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.families.eagle3.drafter import Eagle3Context, Eagle3Drafter, NodeBatch
+from eval_worker.families.eagle3.walks import eagle3_steps
 from schemas.report import ExpectedRounds
 from schemas.sampling import SamplingParams
 

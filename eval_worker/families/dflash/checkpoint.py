@@ -1,4 +1,4 @@
-"""Load DFlash drafters strictly: every config key honoured or refused (`dflash_layout.py`), the fc
+"""Load DFlash drafters strictly: every config key honoured or refused (`layout.py`), the fc
 width against the layer ids, every tensor's name and shape against the drafter built for them."""
 
 from __future__ import annotations
@@ -8,24 +8,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from eval_worker.checkpoints.dflash_layout import read_dflash_config
-from eval_worker.checkpoints.eagle3_layouts import is_eagle3
 from eval_worker.checkpoints.layer_ids import default_layer_ids, resolve_layer_ids
 from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
 from eval_worker.checkpoints.raw import RawCheckpoint
 from eval_worker.checkpoints.state_checks import check_key_set, check_shapes, module_shapes
-from eval_worker.drafters.dflash import DFlashDrafter
-from eval_worker.drafters.dflash_config import DFlashConfig
 from eval_worker.errors import CheckpointRefused
+from eval_worker.families.dflash.config import DFlashConfig
+from eval_worker.families.dflash.drafter import DFlashDrafter
+from eval_worker.families.dflash.layout import read_dflash_config
 from schemas.model import ModelInfo
 
 log = logging.getLogger(__name__)
 
 
 def is_dflash(config: Mapping[str, Any]) -> bool:
-    """Whether a config is a DFlash drafter's: not EAGLE-3's (its keys are then checked one by one;
-    CheckpointRefused for a family evaluated by neither)."""
-    return not is_eagle3(config)
+    """Whether a config says it is a DFlash drafter's: a DFlash architecture (`DFlashDraftModel`, as every
+    DFlash trainer writes it) or a `dflash_config` block (its keys are then checked one by one)."""
+    archs = [str(a).lower() for a in config.get("architectures") or []]
+    return any("dflash" in a for a in archs) or "dflash_config" in config
 
 
 def expected_shapes(cfg: DFlashConfig, num_taps: int) -> dict[str, tuple[int, ...]]:

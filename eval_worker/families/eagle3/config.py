@@ -1,7 +1,7 @@
 """The EAGLE-3 drafter's shape and the switches that change its math, one layout-independent record.
 
 The three published layouts (EAGLE, SpecForge, speculators) spell these differently; the parsers in
-`eval_worker.checkpoints.eagle3_layouts` translate each into this one record, so the model code has
+`eval_worker.families.eagle3.layouts` translate each into this one record, so the model code has
 a single meaning for every switch.
 """
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eval_worker.drafters.dflash import draft_block
+from eval_worker.families.dflash.drafter import draft_block
 from testing.all_anchor import draft_anchors
 from tests.eval_worker.helpers import random_drafter, small_config
 

@@ -13,7 +13,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
     rotate_half,
 )
 
-from eval_worker.drafters.dflash import DFlashDrafter, draft_block
+from eval_worker.families.dflash.drafter import DFlashDrafter, draft_block
 from tests.eval_worker.helpers import random_drafter, small_config
 
 

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eval_worker.drafters.dflash_config import DFlashConfig
 from eval_worker.drafters.layers import MLP, RMSNorm, apply_rope, rope_cos_sin
+from eval_worker.families.dflash.config import DFlashConfig
 
 
 @dataclass(frozen=True)
