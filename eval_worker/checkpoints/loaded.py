@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from torch import nn
+
 from eval_worker.checkpoints.layer_ids import LayerConvention, LayerIdsSource, ResolvedLayerIds
 from eval_worker.checkpoints.raw import CheckpointFormat
-from torch import nn
 
 Family = Literal["dflash", "eagle3"]
 
