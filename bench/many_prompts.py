@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from cache_server.compute.instances import DEFAULT_DB_FILE
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.coordination.database import Database
 from cache_server.store.hidden_store import HiddenStore
-from testing.servers import free_port, running_child
+from testing.servers import free_port, running_child, serve_command
 
 TOKENS = 8
 
@@ -69,26 +68,8 @@ def main() -> None:
         fill(tmp / "store", model, args.prompts)
         print(f"filled the store with {args.prompts} prompts in {time.perf_counter() - t0:.1f} s")
         port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "cache_server.cli",
-            "serve",
-            "--model",
-            str(model),
-            "--store",
-            str(tmp / "store"),
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--capture-layers",
-            "0",
-            "--checkpoint-root",
-            str(tmp / "runs"),
-            "--log-level",
-            "warning",
-        ]
+        extra = ("--capture-layers", "0", "--checkpoint-root", str(tmp / "runs"))
+        cmd = serve_command(model, tmp / "store", port, *extra)
         started = time.perf_counter()
         with running_child(cmd, port, tmp / "server.log") as url, httpx.Client(base_url=url, timeout=60) as http:
             healthy = time.perf_counter() - started

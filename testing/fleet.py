@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testing.servers import free_port, wait_healthy
+from testing.servers import free_port, serve_command, wait_healthy
 
 
 @dataclass
@@ -27,27 +26,7 @@ class Fleet:
     def start(self, instance: str, *, wait: bool = True) -> str:
         """Starts the instance (its output in `<logs>/<instance>.log`); its URL, once healthy if `wait`."""
         port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "cache_server.cli",
-            "serve",
-            "--model",
-            str(self.model),
-            "--store",
-            self.store,
-            "--db",
-            self.db,
-            "--instance",
-            instance,
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--log-level",
-            "warning",
-            *self.extra,
-        ]
+        cmd = serve_command(self.model, self.store, port, "--db", self.db, "--instance", instance, *self.extra)
         log = self.logs / f"{instance}.log"
         with log.open("ab") as out:
             proc = subprocess.Popen(cmd, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)

@@ -73,15 +73,22 @@ def running_child(
             proc.wait()
 
 
+def serve_command(model: Path, store: Path | str, port: int, *extra: str) -> list[str]:
+    """The `cache-server serve` command line every test and bench starts: on CPU, on loopback `port`,
+    logging warnings, with `extra` options after."""
+    cmd = [sys.executable, "-m", "cache_server.cli", "serve", "--model", str(model), "--store", str(store)]
+    return [*cmd, "--port", str(port), "--device", "cpu", "--log-level", "warning", *extra]
+
+
 @contextmanager
 def running_server(
     model: Path, store: Path, *extra: str, env: dict[str, str] | None = None, port: int | None = None
 ) -> Iterator[str]:
     """`cache-server serve` on CPU over `model` and `store`; yields its URL. Its output goes to `<store>.log`."""
     port = port or free_port()
-    cmd = [sys.executable, "-m", "cache_server.cli", "serve", "--model", str(model), "--store", str(store)]
-    cmd += ["--port", str(port), "--device", "cpu", "--log-level", "warning", *extra]
-    with running_child(cmd, port, store.with_name(store.name + ".log"), env=env) as url:
+    with running_child(
+        serve_command(model, store, port, *extra), port, store.with_name(store.name + ".log"), env=env
+    ) as url:
         yield url
 
 

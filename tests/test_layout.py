@@ -168,6 +168,22 @@ def test_a_family_folder_imports_neither_the_table_nor_another_family(path: Path
     assert not upward, f"{path.relative_to(ROOT)} imports {upward}"
 
 
+# What a test module starts, by the `testing` module it imports, and the marker that says so (the quick
+# tier, `./dev test --quick`, leaves these out).
+RESOURCE_MARKERS = {"testing.engine": "engine", "testing.docker": "docker", "testing.browser": "browser"}
+RESOURCE_MARKERS |= {"testing.peers": "peers"}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tests").rglob("test_*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_test_that_starts_an_engine_docker_or_a_browser_is_marked_so(path: Path) -> None:
+    """A module importing what starts vLLM, Docker, Chromium or the peers' environment names that marker."""
+    tree = ast.parse(path.read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    marks = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "pytest.mark"}
+    missing = {m for module, m in RESOURCE_MARKERS.items() if module in imported} - marks
+    assert not missing, f"{path.relative_to(ROOT)} starts what needs pytest.mark.{sorted(missing)}"
+
+
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_formatter_is_skipped_only_for_tables(path: Path) -> None:
     """`# fmt: skip` keeps a table's rows aligned; it never squeezes code under the line cap."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
 
-from cache_server.coordination.database import Database, max_seq
+from cache_server.coordination.database import Database, max_seq, rows_after
 from cache_server.coordination.tables import REGISTRATIONS
 from schemas.prompts import GeneratorInfo
 from schemas.sampling import SamplingParams
@@ -104,14 +104,7 @@ class Registry:
 
     def _catch_up(self) -> None:
         with self._lock:
-            table = REGISTRATIONS
-            with self._db.read() as c:
-                rows = c.execute(
-                    select(table.c.seq, table.c.body)
-                    .where(table.c.namespace == self._ns, table.c.seq > self._seen)
-                    .order_by(table.c.seq)
-                ).all()
-            for row in rows:
+            for row in rows_after(self._db, REGISTRATIONS, self._ns, self._seen, REGISTRATIONS.c.body):
                 reg = Registration.model_validate_json(row.body)
                 self._items[reg.prompt_id] = reg
                 self._seen = row.seq

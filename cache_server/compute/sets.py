@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import select
 
-from cache_server.coordination.database import Database, max_seq
+from cache_server.coordination.database import Database, max_seq, rows_after
 from cache_server.coordination.tables import SET_MEMBERS
 
 
@@ -70,14 +70,8 @@ class SetRegistry:
 
     def _catch_up(self) -> None:
         with self._lock:
-            table = SET_MEMBERS
-            with self._db.read() as c:
-                rows = c.execute(
-                    select(table.c.seq, table.c.set_name, table.c.prompt_id)
-                    .where(table.c.namespace == self._ns, table.c.seq > self._seen)
-                    .order_by(table.c.seq)
-                ).all()
-            for row in rows:
+            columns = (SET_MEMBERS.c.set_name, SET_MEMBERS.c.prompt_id)
+            for row in rows_after(self._db, SET_MEMBERS, self._ns, self._seen, *columns):
                 self._members.setdefault(row.set_name, {})[row.prompt_id] = None
                 self._of.setdefault(row.prompt_id, []).append(row.set_name)
                 self._seen = row.seq

@@ -16,12 +16,12 @@ Three kinds of transaction, so that servers wait on each other only where they m
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Select, create_engine, event, func, select
+from sqlalchemy import ColumnElement, Connection, Row, Select, Table, create_engine, event, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.sql.schema import Column
 
@@ -115,6 +115,14 @@ def max_seq(c: Connection, seq: Column[int], *where: ColumnElement[bool]) -> int
     `max_seq + 1` is the next insertion's place, so every table's `seq` is its insertion order."""
     found: int = c.execute(select(func.coalesce(func.max(seq), 0)).where(*where)).scalar_one()
     return found
+
+
+def rows_after(db: Database, table: Table, namespace: str, seen: int, *columns: Column[Any]) -> Sequence[Row[Any]]:
+    """`columns` (and `seq`) of a namespace's rows added after `seq` `seen`, in insertion order: how a
+    server catches up with what every server appended to a prompt-side table."""
+    with db.read() as c:
+        query = select(table.c.seq, *columns).where(table.c.namespace == namespace, table.c.seq > seen)
+        return c.execute(query.order_by(table.c.seq)).all()
 
 
 def _sqlite_connect(dbapi_connection: Any, _record: object) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +32,7 @@ from testing.checkpoints import save_torch_checkpoint
 from testing.eagle3 import eagle3_config, random_eagle3, save_eagle3, train_eagle3
 from testing.engine import CONNECTOR_DIR, FAULTS_DIR, VllmServer, capture_flags, vllm_python
 from testing.live_loop import target_heads
-from testing.servers import free_port, running_server
+from testing.servers import free_port, running_server, serve_command
 from testing.tiny_trainer import Sequences, TinyTrainer, make_sequences, tiny_drafter_config
 from tests.cache_server.reference import direct_layer_outputs
 
@@ -177,8 +176,8 @@ def _evaluate(checkpoint: Path, url: str, out: Path) -> EvalReport:
 def test_capture_layers_or_a_dtype_other_than_the_engines_refuse_the_start(
     engine: VllmServer, capture_target: Path, files: Path, tmp_path: Path
 ) -> None:
-    cmd = [sys.executable, "-m", "cache_server.cli", "serve", "--model", str(capture_target), "--store", str(tmp_path)]
-    cmd += ["--port", str(free_port()), "--capture", "engine", "--generator", engine.url, "--engine-files", str(files)]
+    engine_capture = ("--capture", "engine", "--generator", engine.url, "--engine-files", str(files))
+    cmd = serve_command(capture_target, tmp_path, free_port(), *engine_capture)
     done = subprocess.run([*cmd, "--capture-layers", "0,3"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     (message,) = [line for line in done.stderr.splitlines() if line.startswith("cache-server:")]

@@ -5,7 +5,6 @@ One engine for the module; it is killed and started again on the same port by th
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from schemas.prompts import GenerateSpec
 from testing.engine import VllmServer, vllm_python
-from testing.servers import free_port, running_server, server_metric
+from testing.servers import free_port, running_server, serve_command, server_metric
 from testing.taps import greedy_continuation
 from tests.cache_server.reference import direct_layer_outputs
 
@@ -131,22 +130,7 @@ def test_an_engine_serving_another_model_refuses_the_start(
     engine: VllmServer, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     other = build_tiny_model(tmp_path_factory.mktemp("other"), layers=4, hidden=128, head_dim=32, seed=1)
-    cmd = [
-        sys.executable,
-        "-m",
-        "cache_server.cli",
-        "serve",
-        "--model",
-        str(other),
-        "--store",
-        str(tmp_path / "s"),
-        "--device",
-        "cpu",
-        "--port",
-        str(free_port()),
-        "--generator",
-        engine.url,
-    ]
+    cmd = serve_command(other, tmp_path / "s", free_port(), "--generator", engine.url)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     message = done.stderr.strip().splitlines()[-1]

@@ -32,6 +32,7 @@ def _rows(dom: str) -> dict[str, dict[str, str]]:
     return rows
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it with apt-get)")
 def test_the_page_shows_the_reports_in_a_real_browser(
     tiny_target: Path, tmp_path: Path, sequences: Sequences, trained_drafter: DFlashDrafter

@@ -24,6 +24,8 @@ from schemas.report import EvalReport
 from testing.peers import peers_python, speculators_drafts, write_peer_checkpoints
 from testing.servers import running_server
 
+pytestmark = pytest.mark.peers
+
 LAYERS = 8  # speculators' default aux ids [2, 4, 5] are layer inputs = decoder outputs [1, 3, 4]
 TARGET = ModelInfo(
     name="tiny8",
