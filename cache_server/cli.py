@@ -99,7 +99,7 @@ def _prune(settings: PruneSettings) -> int:
     from cache_server.compute.sets import SetRegistry
     from cache_server.coordination.holds import PromptHolds
     from cache_server.store.blobs import open_blobs
-    from cache_server.store.manifest import StoreError
+    from cache_server.store.errors import StoreError
     from cache_server.store.prune import open_namespace, prune
     from schemas.layers import parse_layer_list
 
@@ -173,7 +173,7 @@ def _serve(settings: ServeSettings) -> int:
     from cache_server.api.app import build_service, create_app
     from cache_server.api.http_protocol import JsonErrorHttpProtocol
     from cache_server.generation.engine import EngineUnfit
-    from cache_server.store.manifest import StoreInputError
+    from cache_server.store.errors import StoreInputError
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # before the port opens: an engine that cannot generate this target's responses stops the start

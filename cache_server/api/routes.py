@@ -15,7 +15,7 @@ from cache_server.api.deps import JobsDep, ServiceDep, TensorsDep
 from cache_server.api.error_handlers import error_responses
 from cache_server.api.tensor_responses import SAFETENSORS
 from cache_server.jobs.layer_usage import layer_usage
-from cache_server.store.manifest import LayersNotStored
+from cache_server.store.errors import LayersNotStored
 from schemas.errors import ErrorCode as E
 from schemas.layers import MAX_OFFSET, AsciiInt
 from schemas.model import ModelInfo

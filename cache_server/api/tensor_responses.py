@@ -18,7 +18,8 @@ from cache_server.api.bodies import heads_body, hidden_body
 from cache_server.api.pieces_body import pieces_body
 from cache_server.api.streaming import BlockBuffers, hidden_stream
 from cache_server.compute.service import HiddenStateService
-from cache_server.store.manifest import PromptManifest, StoreCorrupt
+from cache_server.store.errors import StoreCorrupt
+from cache_server.store.manifest import PromptManifest
 from schemas.pieces import ENCODING, MEDIA_TYPE
 
 SAFETENSORS = "application/octet-stream"

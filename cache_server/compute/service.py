@@ -30,8 +30,9 @@ from cache_server.errors import (
     StoredDataCorrupt,
 )
 from cache_server.generation.engine import EngineClient
+from cache_server.store.errors import StoreCorrupt
 from cache_server.store.hidden_store import HiddenStore
-from cache_server.store.manifest import PromptManifest, StoreCorrupt
+from cache_server.store.manifest import PromptManifest
 from cache_server.store.read_only import is_read_only
 from cache_server.store.usage import CodecRatio, free_bytes
 from cache_server.torch_utils import dtype_name

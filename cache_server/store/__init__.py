@@ -7,5 +7,5 @@ with durable local writes (`durable.py`), their manifest (`manifest.py`) and hie
 (`recovery.py`), layers dropped by `cache-server prune` (`prune.py`) and its record of what it will
 delete (`prune_record.py`), a store opened read-only
 (`read_only.py`), and the codec ratio measured, the bytes stored and the free space a store has
-(`usage.py`).
+(`usage.py`). Its errors are one tree (`errors.py`).
 """

@@ -13,7 +13,7 @@ import torch
 
 from cache_server.store import chunks
 from cache_server.store.blobs import Blobs
-from cache_server.store.manifest import StoreInputError
+from cache_server.store.errors import StoreInputError
 from schemas.fp8 import FP8_MAX
 
 

@@ -1,8 +1,8 @@
 """Per-prompt, per-layer hidden states in a Zarr v3 hierarchy (`hierarchy.py`) under a target's
 fingerprint: `prompts/<id>/{zarr.json, token_ids/, layers/<k>/}`, in a local directory or an S3
 bucket (`blobs.py`). Arrays are written under their final keys (`publish.py`) and the prompt group's
-manifest last: the only source of truth. Reads: `reader.py`, `blosc_reader.py`; errors and the
-manifest: `manifest.py`; orphans of interrupted writes: `recovery.py`."""
+manifest last: the only source of truth. Reads: `reader.py`, `blosc_reader.py`; the manifest:
+`manifest.py`, errors: `errors.py`; orphans of interrupted writes: `recovery.py`."""
 
 from __future__ import annotations
 
@@ -20,12 +20,9 @@ import torch
 
 from cache_server.store import chunks, hierarchy, publish
 from cache_server.store.blobs import Blobs, open_blobs
+from cache_server.store.errors import LayersNotStored, PromptNotStored, StoreCorrupt, StoreInputError
 from cache_server.store.manifest import (
-    LayersNotStored,
     PromptManifest,
-    PromptNotStored,
-    StoreCorrupt,
-    StoreInputError,
     check_name,
     first_manifest,
     parse_manifest,

@@ -14,7 +14,7 @@ from typing import Any
 
 from cache_server.store.blobs import Blobs
 from cache_server.store.chunks import ZARR_JSON
-from cache_server.store.manifest import StoreError
+from cache_server.store.errors import StoreError
 
 OLD_MANIFEST = "manifest.json"  # the manifest object of stores written before the hierarchy
 

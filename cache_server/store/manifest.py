@@ -1,13 +1,5 @@
-"""The manifest of one published prompt, and the store's errors.
-
-Errors:
-
-    StoreError              base of everything raised here
-    ├── StoreInputError     arguments that can never succeed (shape, dtype, range, id, token mismatch)
-    ├── PromptNotStored     no published prompt with this id
-    ├── LayersNotStored     the published prompt lacks some requested layers
-    └── StoreCorrupt        a published prompt whose files don't match its manifest
-"""
+"""The manifest of one published prompt: what it holds, written last, so its presence means the data is
+complete; and the names and layer ids the store accepts (its errors: `errors.py`)."""
 
 from __future__ import annotations
 
@@ -19,41 +11,12 @@ from datetime import UTC, datetime
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from cache_server.store.errors import StoreCorrupt, StoreInputError
 from schemas.dtypes import DTypeName
 from schemas.layers import LAYER_CONVENTION, LayerConvention
 from schemas.prompts import CaptureInfo, GeneratorInfo
 from schemas.sampling import SamplingParams
 from schemas.storage import StorageName
-
-
-class StoreError(Exception):
-    """Base of the hidden-state store's errors."""
-
-
-class StoreInputError(StoreError):
-    """The arguments can never succeed: bad shape, dtype, range or id, or token ids that differ."""
-
-
-class PromptNotStored(StoreError):
-    """No published prompt has this id."""
-
-
-class LayersNotStored(StoreError):
-    """The published prompt does not hold some of the requested layers."""
-
-    def __init__(self, prompt_id: str, missing: Sequence[int]) -> None:
-        self.prompt_id = prompt_id
-        self.missing = tuple(missing)
-        super().__init__(f"prompt {prompt_id!r} has no stored layers {list(self.missing)}")
-
-
-class StoreCorrupt(StoreError):
-    """A published prompt whose files don't match its manifest; `layers`: the layers whose files are
-    bad, when only they are (the prompt's token ids and manifest are sound)."""
-
-    def __init__(self, message: str, layers: Sequence[int] = ()) -> None:
-        super().__init__(message)
-        self.layers = tuple(layers)
 
 
 class PromptManifest(BaseModel):

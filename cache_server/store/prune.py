@@ -25,8 +25,8 @@ import torch
 
 from cache_server.store.blobs import Blobs
 from cache_server.store.chunks import ZARR_JSON
+from cache_server.store.errors import StoreInputError
 from cache_server.store.hidden_store import HiddenStore
-from cache_server.store.manifest import StoreInputError
 from cache_server.store.prune_record import PruneRecord
 
 

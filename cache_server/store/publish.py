@@ -16,7 +16,8 @@ import torch
 
 from cache_server.store import chunks, fp8, hierarchy
 from cache_server.store.blobs import Blobs
-from cache_server.store.manifest import StoreInputError, layer_id
+from cache_server.store.errors import StoreInputError
+from cache_server.store.manifest import layer_id
 from cache_server.torch_utils import as_numpy, dtype_name
 from schemas.storage import StorageName
 

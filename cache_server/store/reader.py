@@ -22,7 +22,8 @@ from zarr.core.metadata import ArrayV3Metadata
 
 from cache_server.store import blosc_reader, chunks, fp8
 from cache_server.store.blobs import Blobs
-from cache_server.store.manifest import PromptManifest, StoreCorrupt
+from cache_server.store.errors import StoreCorrupt
+from cache_server.store.manifest import PromptManifest
 
 _OPEN_ARRAYS = 1024  # opened zarr arrays kept (LRU)
 _TOKEN_IDS_KEPT = 4096  # prompts whose token ids are kept (LRU; they never change once published)

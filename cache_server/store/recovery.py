@@ -18,8 +18,9 @@ from typing import Protocol
 from cache_server.store import prune_record
 from cache_server.store.blobs import Blobs, LocalBlobs
 from cache_server.store.chunks import ZARR_JSON
+from cache_server.store.errors import StoreError
 from cache_server.store.hierarchy import migrate
-from cache_server.store.manifest import PromptManifest, StoreError
+from cache_server.store.manifest import PromptManifest
 
 log = logging.getLogger(__name__)
 

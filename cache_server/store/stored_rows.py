@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from cache_server.store.manifest import LayersNotStored, PromptManifest, StoreCorrupt
+from cache_server.store.errors import LayersNotStored, StoreCorrupt
+from cache_server.store.manifest import PromptManifest
 from cache_server.store.ram_cache import RamCache
 from cache_server.store.reader import EncodedPiece, LayerRead, LayerReader
 from schemas.fp8 import dequantize

@@ -12,8 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 from cache_server.store.blobs import Blobs, LocalBlobs
+from cache_server.store.errors import StoreError
 from cache_server.store.hidden_store import HiddenStore
-from cache_server.store.manifest import StoreError
 from schemas.dtypes import DTYPE_BYTES
 from schemas.plan import DOCUMENTED_RATIOS
 from schemas.storage import bytes_per_token

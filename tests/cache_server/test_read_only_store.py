@@ -15,7 +15,7 @@ from cache_server.api.app import build_service, create_app
 from cache_server.client import CacheClient, NotReadyError, StoreReadOnlyError
 from cache_server.coordination.captures import CaptureQueue
 from cache_server.coordination.database import Database
-from cache_server.store.manifest import StoreInputError
+from cache_server.store.errors import StoreInputError
 from testing.servers import running_server, serving_app
 from tests.cache_server.helpers import serve_settings
 from tests.cache_server.small_disk import files_under, remount, small_disk

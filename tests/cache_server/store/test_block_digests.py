@@ -16,8 +16,8 @@ import torch
 from cache_server.api.pieces_body import pieces_body
 from cache_server.client.pieces import PiecesCorrupt, decode_pieces
 from cache_server.store import chunks as arrays
+from cache_server.store.errors import StoreCorrupt
 from cache_server.store.hidden_store import HiddenStore
-from cache_server.store.manifest import StoreCorrupt
 from schemas.block_digests import HEADER, BloscHeader, block_spans, head_end
 from schemas.storage import StorageName
 

@@ -13,8 +13,8 @@ import zarr
 
 from cache_server.api.pieces_body import pieces_body
 from cache_server.client.pieces import decode_pieces
+from cache_server.store.errors import StoreCorrupt, StoreInputError
 from cache_server.store.hidden_store import HiddenStore
-from cache_server.store.manifest import StoreCorrupt, StoreInputError
 from cache_server.store.ram_cache import RamCache
 
 H = 64

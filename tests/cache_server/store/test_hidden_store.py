@@ -16,15 +16,9 @@ from zarr.core.metadata import ArrayV3Metadata
 from cache_server.store import blosc_reader, publish
 from cache_server.store import chunks as arrays
 from cache_server.store.blobs import Blobs, LocalBlobs
+from cache_server.store.errors import LayersNotStored, PromptNotStored, StoreCorrupt, StoreError, StoreInputError
 from cache_server.store.hidden_store import HiddenStore
-from cache_server.store.manifest import (
-    LayersNotStored,
-    PromptManifest,
-    PromptNotStored,
-    StoreCorrupt,
-    StoreError,
-    StoreInputError,
-)
+from cache_server.store.manifest import PromptManifest
 from schemas.layers import LAYER_CONVENTION
 from testing.tensors import as_numpy, as_tensor
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from cache_server.store.errors import LayersNotStored, StoreInputError
 from cache_server.store.hidden_store import HiddenStore
-from cache_server.store.manifest import LayersNotStored, StoreInputError
 from cache_server.store.prune import open_namespace, prune
 from cache_server.torch_utils import as_numpy
 
