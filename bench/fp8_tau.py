@@ -29,8 +29,8 @@ from bench.codec_choice import best_seconds
 from cache_server.api.pieces_body import pieces_body
 from cache_server.client import CacheClient
 from cache_server.client.pieces import decode_pieces
-from cache_server.store.blobs import open_blobs
 from cache_server.store.hidden_store import HiddenStore
+from cache_server.store.locations import open_blobs
 from cache_server.store.manifest import PromptManifest
 from cache_server.store.usage import stored_bytes
 from demo.__main__ import TEXTS

@@ -98,8 +98,8 @@ def _prune(settings: PruneSettings) -> int:
     from cache_server.compute.instances import default_instance
     from cache_server.compute.sets import SetRegistry
     from cache_server.coordination.holds import PromptHolds
-    from cache_server.store.blobs import open_blobs
     from cache_server.store.errors import StoreError
+    from cache_server.store.locations import open_blobs
     from cache_server.store.prune import open_namespace, prune
     from schemas.layers import parse_layer_list
 

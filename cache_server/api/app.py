@@ -26,9 +26,10 @@ from cache_server.generation.engine_target import open_engine_target
 from cache_server.generation.startup import checked_engine
 from cache_server.jobs.queue import JobStore
 from cache_server.settings import ServeSettings
-from cache_server.store.blobs import Blobs, open_blobs
+from cache_server.store.blobs import Blobs
 from cache_server.store.errors import StoreInputError
 from cache_server.store.hidden_store import HiddenStore
+from cache_server.store.locations import open_blobs
 from cache_server.store.ram_cache import RamCache
 from cache_server.store.read_only import ReadOnlyBlobs, is_read_only, write_refused
 from cache_server.store.usage import StoredBytesScan

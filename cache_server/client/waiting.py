@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cache_server.client.errors import NotFoundError, PromptFailedError
 from schemas.errors import ErrorCode
-from schemas.prompts import PromptStatus
-
-if TYPE_CHECKING:
-    from cache_server.client.cache import CacheClient
+from schemas.prompts import PromptState, PromptStatus
 
 POLL_ONE_BY_ONE = 32  # above this many pending prompts, the paged listing is read instead
 
 
+class PromptStates(Protocol):
+    """What waiting reads: one prompt's state, or every prompt's (`CacheClient` is one)."""
+
+    def prompt(self, prompt_id: str) -> PromptState:
+        """One prompt's state."""
+        ...
+
+    def prompts(self) -> Sequence[PromptState]:
+        """Every registered prompt's state, without token ids."""
+        ...
+
+
 def wait_ready(
-    client: CacheClient,
+    client: PromptStates,
     prompt_ids: Sequence[str],
     *,
     timeout_s: float,

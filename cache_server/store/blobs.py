@@ -6,7 +6,7 @@ Both backends give the same guarantees the store is built on: `put` replaces an 
 on S3), and a missing object is `FileNotFoundError`. Neither has an atomic rename across keys, so a
 prompt is published by writing its arrays under their final keys and its manifest last.
 
-The S3 backend is `s3_blobs.py`.
+The S3 backend is `s3_blobs.py`; `locations.py` opens the backend a location names.
 """
 
 from __future__ import annotations
@@ -105,17 +105,6 @@ class ReadsOf:
     def zarr_store(self, prefix: str, *, read_only: bool = True) -> Any:
         """`inner`'s."""
         return self.inner.zarr_store(prefix, read_only=read_only)
-
-
-def open_blobs(location: str) -> Blobs:
-    """`s3://bucket/prefix` -> `S3Blobs`; anything else is a local directory."""
-    if location.startswith("s3://"):
-        from cache_server.store.s3_blobs import S3Blobs
-
-        return S3Blobs(location)
-    if "://" in location:
-        raise ValueError(f"store {location!r}: only a directory or an s3://bucket/prefix URL is supported")
-    return LocalBlobs(Path(location))
 
 
 # -- a local directory ----------------------------------------------------------------------------

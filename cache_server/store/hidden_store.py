@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from cache_server.store import chunks, hierarchy, publish
-from cache_server.store.blobs import Blobs, open_blobs
+from cache_server.store.blobs import Blobs
 from cache_server.store.errors import LayersNotStored, PromptNotStored, StoreCorrupt, StoreInputError
+from cache_server.store.locations import open_blobs
 from cache_server.store.manifest import (
     PromptManifest,
     check_name,

@@ -21,8 +21,8 @@ from sqlalchemy import create_engine, select
 from cache_server.client import CacheClient
 from cache_server.coordination.database import database_url
 from cache_server.coordination.tables import CAPTURES
-from cache_server.store.blobs import open_blobs
 from cache_server.store.hidden_store import HiddenStore
+from cache_server.store.locations import open_blobs
 from testing.fleet import Fleet
 from testing.postgres import fresh_database
 from testing.s3 import fresh_prefix

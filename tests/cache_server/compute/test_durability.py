@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from fastapi.testclient import TestClient
 
-from cache_server.store.blobs import open_blobs
+from cache_server.store.locations import open_blobs
 from tests.cache_server.helpers import app_client, get_hidden, metric, register_ready
 from tests.cache_server.reference import direct_layer_outputs
 
