@@ -168,6 +168,36 @@ def test_a_family_folder_imports_neither_the_table_nor_another_family(path: Path
     assert not upward, f"{path.relative_to(ROOT)} imports {upward}"
 
 
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project's modules `path` imports anywhere in it (module level, `TYPE_CHECKING` or a function)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found |= {m for m in (node.module, *(f"{node.module}.{a.name}" for a in node.names)) if m in modules}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+    return found
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """No import cycles between modules, lazy or type-only ones included: each concept stands on the
+    ones below it (a cycle says two modules are one concept, or a third is missing)."""
+    modules = {".".join(p.with_suffix("").parts[len(ROOT.parts) :]).removesuffix(".__init__"): p for p in _sources()}
+    graph = {m: _imports(p, modules) - {m} for m, p in modules.items()}
+    cycles = []
+    for start in graph:
+        stack, seen = [(start, (start,))], set()
+        while stack:
+            module, path = stack.pop()
+            for dep in graph[module]:
+                if dep == start:
+                    cycles.append(" -> ".join((*path, start)))
+                elif dep not in seen:
+                    seen.add(dep)
+                    stack.append((dep, (*path, dep)))
+    assert not cycles, cycles[:5]
+
+
 # What a test module starts, by the `testing` module it imports, and the marker that says so (the quick
 # tier, `./dev test --quick`, leaves these out).
 RESOURCE_MARKERS = {"testing.engine": "engine", "testing.docker": "docker", "testing.browser": "browser"}
