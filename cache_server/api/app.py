@@ -158,7 +158,9 @@ def create_app(
             raise
         service.start()
         app.state.service = service
-        app.state.tensors = TensorResponses(service, stream=settings.stream_hidden)
+        app.state.tensors = TensorResponses(
+            service.store, service.target, service.recapture, stream=settings.stream_hidden
+        )
         try:
             yield
         finally:

@@ -9,7 +9,6 @@ import numpy as np
 from safetensors.torch import save
 
 from cache_server.capture.target import Target
-from cache_server.errors import InvalidLayers
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
 from cache_server.torch_utils import dtype_name
@@ -23,16 +22,6 @@ from schemas.hidden import (
 )
 from schemas.safetensors_frame import FramedBody, TensorSpec, frame, numpy_dtype
 from schemas.storage import describe_storage
-
-
-def token_range(manifest: PromptManifest, start: int | None, stop: int | None) -> tuple[int, int]:
-    """The rows `[start, stop)` of a prompt (default: all of them); InvalidLayers if out of range."""
-    n = manifest.num_tokens
-    lo = 0 if start is None else start
-    hi = n if stop is None else stop
-    if not 0 <= lo < hi <= n:
-        raise InvalidLayers(f"token range start={start} stop={stop} is invalid; need 0 <= start < stop <= {n}")
-    return lo, hi
 
 
 def hidden_metadata(manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> HiddenMetadata:

@@ -10,12 +10,10 @@ from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from cache_server.api.auth import WriteAccess
-from cache_server.api.bodies import token_range
 from cache_server.api.deps import JobsDep, ServiceDep, TensorsDep
 from cache_server.api.error_handlers import error_responses
 from cache_server.api.tensor_responses import SAFETENSORS
 from cache_server.jobs.layer_usage import layer_usage
-from cache_server.store.errors import LayersNotStored
 from schemas.errors import ErrorCode as E
 from schemas.layers import MAX_OFFSET, AsciiInt
 from schemas.model import ModelInfo
@@ -114,12 +112,7 @@ async def hidden(
 
     Waits for a pending prompt up to the server's `--wait-s`, then answers 503 with Retry-After."""
     ids = service.layer_ids(layers)
-    manifest = await service.ensure(prompt_id, ids)
-    try:
-        return await tensors.hidden(manifest, ids, *token_range(manifest, start, stop), encoding)
-    except LayersNotStored:  # pruned since this server read the manifest: captured again, once
-        manifest = await service.ensure(prompt_id, ids)
-        return await tensors.hidden(manifest, ids, *token_range(manifest, start, stop), encoding)
+    return await service.hidden(prompt_id, ids, start, stop, tensors.hidden(ids, encoding))
 
 
 @router.get("/plan", responses=error_responses())

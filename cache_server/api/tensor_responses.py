@@ -1,11 +1,12 @@
 """The tensor responses of `GET /hidden` and `GET /target/heads`, built next to the routes that send
 them: a published prompt's rows as one safetensors buffer (`bodies.py`), as a stream of decoded
 blocks (`streaming.py`), or as the stored pieces (`pieces_body.py`). Bytes that do not decode are
-never sent: the service captures their layers again and the caller gets its typed error."""
+never sent: the service (`HiddenStateService.hidden`) captures their layers again and the caller gets
+its typed error."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Literal
@@ -17,8 +18,9 @@ from starlette.concurrency import run_in_threadpool
 from cache_server.api.bodies import heads_body, hidden_body
 from cache_server.api.pieces_body import pieces_body
 from cache_server.api.streaming import BlockBuffers, hidden_stream
-from cache_server.compute.service import HiddenStateService
+from cache_server.capture.target import Target
 from cache_server.store.errors import StoreCorrupt
+from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
 from schemas.pieces import ENCODING, MEDIA_TYPE
 
@@ -26,11 +28,19 @@ SAFETENSORS = "application/octet-stream"
 
 
 class TensorResponses:
-    """Builds `/hidden` and `/target/heads` responses for one service; `stream`: send `/hidden`
-    safetensors bodies block by block while the next block decodes."""
+    """Builds `/hidden` and `/target/heads` responses from a store and a target; `stream`: send `/hidden`
+    safetensors bodies block by block while the next block decodes. `recapture` is the service's: a
+    block that fails its checksums mid-stream still has its layers captured again."""
 
-    def __init__(self, service: HiddenStateService, *, stream: bool) -> None:
-        self.service, self.stream = service, stream
+    def __init__(
+        self,
+        store: HiddenStore,
+        target: Target,
+        recapture: Callable[[str, StoreCorrupt], Exception],
+        *,
+        stream: bool,
+    ) -> None:
+        self.store, self.target, self._recapture, self.stream = store, target, recapture, stream
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hidden-stream")
         self._buffers = BlockBuffers()
 
@@ -38,36 +48,29 @@ class TensorResponses:
         """Stop the stream's decoding thread."""
         self._pool.shutdown(wait=True)
 
-    async def hidden(
-        self,
-        manifest: PromptManifest,
-        layers: Sequence[int],
-        start: int,
-        stop: int,
-        encoding: Literal["safetensors", "pieces"],
-    ) -> Response:
-        """Rows start:stop of `layers` of a published prompt, concatenated per token in that order."""
-        store, pid = self.service.store, manifest.prompt_id
-        try:
+    def hidden(
+        self, layers: Sequence[int], encoding: Literal["safetensors", "pieces"]
+    ) -> Callable[[PromptManifest, int, int], Awaitable[tuple[int, Response]]]:
+        """What sends rows start:stop of `layers` of a published prompt, concatenated per token in that
+        order (for `HiddenStateService.hidden`, which owns waiting and recovery)."""
+
+        async def send(manifest: PromptManifest, start: int, stop: int) -> tuple[int, Response]:
+            store, pid = self.store, manifest.prompt_id
             if encoding == ENCODING:
                 pieces = await run_in_threadpool(pieces_body, store, manifest, layers, start, stop)
-                nbytes, response = pieces.nbytes, _streamed(_parts(pieces.parts), pieces.nbytes, MEDIA_TYPE)
-            elif self.stream:
+                return pieces.nbytes, _streamed(_parts(pieces.parts), pieces.nbytes, MEDIA_TYPE)
+            if self.stream:
                 stream = await hidden_stream(store, manifest, layers, start, stop, self._pool, self._buffers)
-                nbytes, response = stream.nbytes, _streamed(self._guarded(pid, stream.pieces), stream.nbytes)
-            else:
-                body = await run_in_threadpool(hidden_body, store, manifest, layers, start, stop)
-                nbytes, response = body.buffer.nbytes, Response(body.as_memoryview(), media_type=SAFETENSORS)
-        except StoreCorrupt as e:
-            raise await run_in_threadpool(self.service.recapture, pid, e) from e
-        self.service.metrics.hidden_requests.inc()
-        self.service.metrics.hidden_bytes.inc(nbytes)
-        return response
+                return stream.nbytes, _streamed(self._guarded(pid, stream.pieces), stream.nbytes)
+            body = await run_in_threadpool(hidden_body, store, manifest, layers, start, stop)
+            return body.buffer.nbytes, Response(body.as_memoryview(), media_type=SAFETENSORS)
+
+        return send
 
     @cached_property
     def heads(self) -> bytes:
         """`GET /target/heads`, serialised once: the heads never change while the target is loaded."""
-        return heads_body(self.service.target)
+        return heads_body(self.target)
 
     async def _guarded(
         self, prompt_id: str, pieces: AsyncIterator[bytes | memoryview]
@@ -78,7 +81,7 @@ class TensorResponses:
             async for piece in pieces:
                 yield piece
         except StoreCorrupt as e:
-            await run_in_threadpool(self.service.recapture, prompt_id, e)
+            await run_in_threadpool(self._recapture, prompt_id, e)
             raise
 
 

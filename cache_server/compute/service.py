@@ -7,16 +7,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar, cast
 
 from cache_server.capture.captured import uncapturable
 from cache_server.capture.target import Target
 from cache_server.compute.health import Health
 from cache_server.compute.instances import default_db_location, default_instance, import_store_registrations
 from cache_server.compute.metrics import Metrics
+from cache_server.compute.prompt_specs import fill_in_answers, registrations_for
 from cache_server.compute.prompt_states import PromptStates
-from cache_server.compute.registry import Registration, Registry, prompt_id_for
+from cache_server.compute.registry import Registration, Registry
 from cache_server.compute.room import check_room
 from cache_server.compute.scheduler import Scheduler
 from cache_server.compute.sets import SetRegistry
@@ -24,13 +25,12 @@ from cache_server.coordination.captures import CaptureQueue
 from cache_server.coordination.database import Database
 from cache_server.errors import (
     InvalidLayers,
-    InvalidPrompt,
     PromptNotReady,
     ServerUnhealthy,
     StoredDataCorrupt,
 )
 from cache_server.generation.engine import EngineClient
-from cache_server.store.errors import StoreCorrupt
+from cache_server.store.errors import LayersNotStored, StoreCorrupt
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
 from cache_server.store.read_only import is_read_only
@@ -40,9 +40,12 @@ from schemas.dtypes import DTypeName
 from schemas.layers import layer_list_problem, parse_layer_list
 from schemas.model import ModelInfo
 from schemas.plan import StoragePlan
-from schemas.prompts import ChatMessage, GenerateSpec, PromptSpec, RegisteredPrompt
+from schemas.prompts import GenerateSpec, PromptSpec, RegisteredPrompt
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
+# Builds what `GET /hidden` sends from a published prompt's rows start:stop: (bytes sent, the response).
+SendRows = Callable[[PromptManifest, int, int], Awaitable[tuple[int, R]]]
 
 
 class HiddenStateService:
@@ -106,9 +109,8 @@ class HiddenStateService:
         taken over first, and so is whatever was registered but never captured)."""
         import_store_registrations(self.store, self.registry, self.sets)
         captures = self.prompts.captures.states()
-        todo = [
-            r for r in self.registry.all() if r.prompt_id not in captures and self.store.manifest(r.prompt_id) is None
-        ]
+        unstored = (r for r in self.registry.all() if r.prompt_id not in captures)
+        todo = [r for r in unstored if self.store.manifest(r.prompt_id) is None]
         if not is_read_only(self.store.blobs):  # else they wait for a server that may write the store
             self.scheduler.request_many(todo, self.capture_layers, known=dict.fromkeys(r.prompt_id for r in todo))
         self.scheduler.start()
@@ -150,7 +152,12 @@ class HiddenStateService:
     def register(self, specs: Sequence[PromptSpec], generate: GenerateSpec | None) -> list[RegisteredPrompt]:
         """Validate every prompt first (all or nothing), then queue the new ones (and failed ones again)."""
         self.scheduler.check_writable()  # a read-only store: no registration at all, rather than some
-        per_spec = [self._registrations(spec, generate) for spec in specs]
+        per_spec = [
+            registrations_for(
+                fill_in_answers(spec, self.registry, self.store, self.target.prompts), generate, self.target.prompts
+            )
+            for spec in specs
+        ]
         regs = [r for samples in per_spec for r in samples]
         self._check_room(regs)
         new = self.registry.add_many(regs)  # one transaction for all, and one for their capture work
@@ -183,7 +190,15 @@ class HiddenStateService:
     def plan_registration(self, specs: Sequence[PromptSpec], generate: GenerateSpec | None) -> StoragePlan:
         """`POST /plan`: what registering these prompts would store (the ones not registered yet; a
         response to generate counted at its full `max_new_tokens`), validated as `register` does."""
-        return self._planned([r for spec in specs for r in self._registrations(spec, generate)])
+        return self._planned(
+            [
+                r
+                for spec in specs
+                for r in registrations_for(
+                    fill_in_answers(spec, self.registry, self.store, self.target.prompts), generate, self.target.prompts
+                )
+            ]
+        )
 
     def _planned(self, regs: Sequence[Registration]) -> StoragePlan:
         new = [r for r in regs if self.registry.get(r.prompt_id) is None]
@@ -196,48 +211,8 @@ class HiddenStateService:
             check_room(self._planned(regs), self.prompts.captures, self.registry)
 
     def _registrations(self, spec: PromptSpec, generate: GenerateSpec | None) -> list[Registration]:
-        """One registration per response: the given one, or each sample `generate` asks for."""
-        prompt_ids = tuple(self.target.prompts.encode(self._answers_filled_in(spec)))
-        response = tuple(spec.response_token_ids) if spec.response_token_ids is not None else None
-        max_new = generate.max_new_tokens if generate is not None and response is None else None
-        self.target.prompts.check_length(len(prompt_ids) + (len(response) if response else max_new or 0))
-        samplings = [spec.sampling if spec.sampling is not None and not spec.sampling.greedy else None]  # given
-        if response is None and generate is not None:
-            samplings = [generate.sample_params(i) for i in range(generate.samples)]
-        return [
-            Registration(
-                prompt_id=prompt_id_for(prompt_ids, response, max_new, sampling),
-                prompt_ids=prompt_ids,
-                response_ids=response,
-                max_new_tokens=max_new,
-                name=spec.name,
-                chat_template_sha256=self.target.prompts.chat_template_sha256 if spec.messages is not None else None,
-                enable_thinking=spec.enable_thinking,
-                sampling=sampling,
-                generator=spec.generator if response is not None else None,
-            )
-            for sampling in samplings
-        ]
-
-    def _answers_filled_in(self, spec: PromptSpec) -> PromptSpec:
-        """`spec` with every `response_of` message replaced by that prompt's response, decoded."""
-        if not spec.messages or all(m.response_of is None for m in spec.messages):
-            return spec
-        messages = []
-        for m in spec.messages:
-            if m.response_of is not None:
-                reg, manifest = self.registry.get(m.response_of), self.store.manifest(m.response_of, fresh=True)
-                if reg is None:
-                    raise InvalidPrompt(f"response_of {m.response_of!r}: no such prompt is registered")
-                if manifest is None:
-                    raise InvalidPrompt(
-                        f"response_of {m.response_of!r}: that prompt's response is not computed yet "
-                        "(wait until it is ready, then register the next turn)"
-                    )
-                response = self.store.token_ids(m.response_of)[reg.prompt_len :].tolist()
-                m = ChatMessage(role="assistant", content=self.target.prompts.decode(response))
-            messages.append(m)
-        return spec.model_copy(update={"messages": messages})
+        filled = fill_in_answers(spec, self.registry, self.store, self.target.prompts)
+        return registrations_for(filled, generate, self.target.prompts)
 
     def is_registered(self, prompt_id: str) -> bool:
         """Whether a prompt with this id is registered for the target."""
@@ -284,6 +259,24 @@ class HiddenStateService:
             manifest, fresh = await asyncio.to_thread(self.store.manifest, prompt_id, fresh=True), True
         return manifest
 
+    async def hidden(
+        self, prompt_id: str, layers: Sequence[int], start: int | None, stop: int | None, send: SendRows[R]
+    ) -> R:
+        """What `send` makes of rows start:stop (default: all) of `layers` of a prompt once they are stored
+        (`ensure` waits); bytes that do not decode have their layers captured again (StoredDataCorrupt)."""
+        manifest = await self.ensure(prompt_id, layers)
+        try:
+            try:
+                nbytes, sent = await send(manifest, *_token_range(manifest, start, stop))
+            except LayersNotStored:  # pruned since this server read the manifest: captured again, once
+                manifest = await self.ensure(prompt_id, layers)
+                nbytes, sent = await send(manifest, *_token_range(manifest, start, stop))
+        except StoreCorrupt as e:
+            raise await asyncio.to_thread(self.recapture, prompt_id, e) from e
+        self.metrics.hidden_requests.inc()
+        self.metrics.hidden_bytes.inc(nbytes)
+        return sent
+
     def recapture(self, prompt_id: str, error: StoreCorrupt) -> StoredDataCorrupt:
         """Stored bytes of a published prompt do not decode: its bad layers are no longer served (its
         manifest is published without them) and are queued for capture; the error to answer with."""
@@ -295,3 +288,12 @@ class HiddenStateService:
         self.store.forget_layers(prompt_id, error.layers)
         self.scheduler.request_many([self.prompts.registered(prompt_id)], error.layers)
         return StoredDataCorrupt(f"{error}; being captured again", retry_after_s=1)
+
+
+def _token_range(manifest: PromptManifest, start: int | None, stop: int | None) -> tuple[int, int]:
+    """The rows `[start, stop)` of a prompt (default: all of them); InvalidLayers if out of range."""
+    n = manifest.num_tokens
+    lo, hi = 0 if start is None else start, n if stop is None else stop
+    if not 0 <= lo < hi <= n:
+        raise InvalidLayers(f"token range start={start} stop={stop} is invalid; need 0 <= start < stop <= {n}")
+    return lo, hi
