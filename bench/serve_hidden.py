@@ -42,7 +42,6 @@ from starlette.concurrency import run_in_threadpool
 from bench.activations import activation_like
 from cache_server.api.app import create_app
 from cache_server.api.bodies import hidden_body
-from cache_server.capture.captured import TargetInfo
 from cache_server.client import CacheClient
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
@@ -53,6 +52,8 @@ from cache_server.store import chunks
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.ram_cache import RamCache
 from cache_server.torch_utils import TORCH_DTYPES as DTYPES
+from schemas.dtypes import DTypeName
+from schemas.model import TargetDescription
 from schemas.prompts import CaptureInfo
 from schemas.safetensors_frame import parse
 from testing.servers import free_port, running_child
@@ -101,39 +102,39 @@ class NoTokenizer:
 class FixtureTarget:
     """Stands in for `Target`: serving a stored prompt only reads `.info`; nothing is ever computed."""
 
-    info: TargetInfo
+    info: TargetDescription
     prompts: NoTokenizer = NoTokenizer()
     capturer: NoCapture = NoCapture()
     forward: None = None
 
 
-def fixture_info(hidden: int, dtype: str) -> TargetInfo:
-    return TargetInfo(
+def fixture_info(hidden: int, dtype: DTypeName) -> TargetDescription:
+    return TargetDescription(
         name="bench-fixture",
         fingerprint=f"bench-fixture-h{hidden}-{dtype}",
         num_layers=FIXTURE_LAYERS,
         hidden_size=hidden,
         vocab_size=32000,
         max_position_embeddings=1 << 20,
-        dtype=DTYPES[dtype],
-        capture=CaptureInfo(kind="hf", dtype=dtype),
+        dtype=dtype,
+        capture=CaptureInfo.model_validate({"kind": "hf", "dtype": dtype}),
     )
 
 
-def open_store(root: Path | str, info: TargetInfo, read_threads: int, ram_cache_gb: float = 0.0) -> HiddenStore:
+def open_store(root: Path | str, info: TargetDescription, read_threads: int, ram_cache_gb: float = 0.0) -> HiddenStore:
     return HiddenStore(
         root,
         fingerprint=info.fingerprint,
         model_name=info.name,
         hidden_size=info.hidden_size,
-        dtype=info.dtype,
+        dtype=DTYPES[info.dtype],
         read_threads=read_threads,
         ram_cache=RamCache(int(ram_cache_gb * 2**30)) if ram_cache_gb else None,
     )
 
 
 def seed(
-    root: Path | str, db: str, bins: Path, info: TargetInfo, layers: list[int], tokens: int, prompts: int
+    root: Path | str, db: str, bins: Path, info: TargetDescription, layers: list[int], tokens: int, prompts: int
 ) -> list[str]:
     """Publish `prompts` prompts' layers and register them (so the service serves them without
     computing); also write the first one's raw layer bytes as `<k>.bin` for the plain-file baseline."""
@@ -145,7 +146,7 @@ def seed(
             gen = torch.Generator().manual_seed(i)
             ids = tuple(int(t) for t in torch.randint(0, info.vocab_size, (tokens,), generator=gen))
             pid = prompt_id_for(ids, None, None)
-            data = {k: activation_like(tokens, info.hidden_size, info.dtype, seed=100 * i + k) for k in layers}
+            data = {k: activation_like(tokens, info.hidden_size, DTYPES[info.dtype], seed=100 * i + k) for k in layers}
             store.write(pid, np.asarray(ids, dtype=np.int64), tokens, data)
             registry.add_many(
                 [Registration(prompt_id=pid, prompt_ids=ids, response_ids=None, max_new_tokens=None, name="bench")]

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
+from schemas.dtypes import DTypeName
 from schemas.sampling import MAX_SAMPLES, SamplingParams
 
 # Hard ceiling on generated tokens per prompt; the server also caps by the model's context.
@@ -52,7 +53,7 @@ class CaptureInfo(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["hf", "engine"]
-    dtype: str
+    dtype: DTypeName
     version: str | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1

@@ -33,6 +33,7 @@ from cache_server.store.locations import open_blobs
 from cache_server.store.ram_cache import RamCache
 from cache_server.store.read_only import ReadOnlyBlobs, is_read_only, write_refused
 from cache_server.store.usage import StoredBytesScan
+from cache_server.torch_utils import TORCH_DTYPES
 
 DESCRIPTION = (
     "Runs a target LLM once per prompt, stores every decoder layer's output, and serves any layer set "
@@ -119,7 +120,7 @@ def build_service(settings: ServeSettings) -> HiddenStateService:
         fingerprint=target.info.fingerprint,
         model_name=target.info.name,
         hidden_size=target.info.hidden_size,
-        dtype=target.info.dtype,
+        dtype=TORCH_DTYPES[target.info.dtype],
         read_threads=settings.read_threads,
         ram_cache=ram,
         orphan_grace_s=math.inf if is_read_only(blobs) else settings.orphan_grace_s,  # inf: no sweep

@@ -17,7 +17,6 @@ import torch
 from schemas.layers import format_layer_list
 from schemas.prompts import CaptureInfo
 from schemas.sampling import SamplingParams
-from schemas.storage import StorageName
 
 
 @dataclass(frozen=True)
@@ -71,18 +70,3 @@ def uncapturable(layers: Sequence[int], capturer: Capturer) -> str | None:
         f"layers {format_layer_list(missing)} are not captured by this server's engine: it captures "
         f"{format_layer_list(sorted(capturer.layers or ()))} (an engine launched with more aux layer ids captures more)"
     )
-
-
-@dataclass(frozen=True)
-class TargetInfo:
-    """What the server says about its target in `GET /model`."""
-
-    name: str
-    fingerprint: str
-    num_layers: int
-    hidden_size: int
-    vocab_size: int
-    max_position_embeddings: int
-    dtype: torch.dtype
-    capture: CaptureInfo  # how the states are computed: the server's forward or the engine's (part of the fingerprint)
-    storage: StorageName = "exact"  # how the store keeps its states (part of the fingerprint)

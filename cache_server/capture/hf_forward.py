@@ -52,7 +52,7 @@ class HfForward:
         self.model = model.eval()
         self.num_layers = len(decoder_layers(self.model))
         self.pad_token_id, self.stop_token_ids = pad_token_id, list(stop_token_ids)
-        self.info = CaptureInfo(kind="hf", dtype=dtype_name(dtype))
+        self.info = CaptureInfo.model_validate({"kind": "hf", "dtype": dtype_name(dtype)})  # validated: a stored dtype
         log.info("target %s loaded on %s as %s", model_dir.resolve().name, self.device, dtype)
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """The target: its tokenizer, its heads and the capturer that computes its layers, with what the
-server says about it (`TargetInfo`). `open_hf_target` loads the model in this process, whose forward
-generates and captures; an engine-captured target (`generation/engine_target.py`) loads only the
+server says about it (`schemas.model.TargetDescription`). `open_hf_target` loads the model in this
+process, whose forward generates and captures; an engine-captured target (`generation/engine_target.py`) loads only the
 tokenizer and the heads, and the serving engine computes the layers."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from cache_server.capture.captured import Capturer, TargetInfo
+from cache_server.capture.captured import Capturer
 from cache_server.capture.fingerprint import target_fingerprint
 from cache_server.capture.heads import Heads
 from cache_server.capture.hf_forward import HfForward
 from cache_server.capture.tokenizer import PromptTokenizer
-from cache_server.torch_utils import TORCH_DTYPES, resolve_device, resolve_dtype
+from cache_server.torch_utils import resolve_device, resolve_dtype
+from schemas.model import TargetDescription
 from schemas.storage import StorageName
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Target:
     """A target as the server uses it. `forward` is the in-process model when there is one (it then
     generates responses and is the capturer); an engine-captured target has none."""
 
-    info: TargetInfo
+    info: TargetDescription
     prompts: PromptTokenizer
     heads: Heads
     capturer: Capturer
@@ -67,20 +68,20 @@ def check_model_dir(model_dir: Path) -> None:
         raise FileNotFoundError(f"--model {model_dir} is not a Hugging Face model directory (no config.json)")
 
 
-def target_info(model_dir: Path, shape: ModelShape, capturer: Capturer, storage: StorageName) -> TargetInfo:
+def target_info(model_dir: Path, shape: ModelShape, capturer: Capturer, storage: StorageName) -> TargetDescription:
     """The target as `GET /model` describes it, its fingerprint covering how it is captured and stored."""
     dtype = capturer.info.dtype
     fingerprint = target_fingerprint(model_dir, dtype, storage, capturer.info.fingerprint_part())
     name, how = model_dir.resolve().name, capturer.info.describe()
     log.info("target %s captured by %s (fingerprint %s)", name, how, fingerprint)
-    return TargetInfo(
+    return TargetDescription(
         name=name,
         fingerprint=fingerprint,
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
         vocab_size=shape.vocab_size,
         max_position_embeddings=shape.max_position_embeddings,
-        dtype=TORCH_DTYPES[dtype],
+        dtype=dtype,
         storage=storage,
         capture=capturer.info,
     )

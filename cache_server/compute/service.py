@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from cache_server.capture.captured import uncapturable
 from cache_server.capture.target import Target
@@ -35,8 +35,6 @@ from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
 from cache_server.store.read_only import is_read_only
 from cache_server.store.usage import CodecRatio, free_bytes
-from cache_server.torch_utils import dtype_name
-from schemas.dtypes import DTypeName
 from schemas.layers import layer_list_problem, parse_layer_list
 from schemas.model import ModelInfo
 from schemas.plan import StoragePlan
@@ -130,19 +128,10 @@ class HiddenStateService:
 
     def model_info(self) -> ModelInfo:
         """`GET /model`."""
-        info = self.target.info
         return ModelInfo(
-            name=info.name,
-            fingerprint=info.fingerprint,
-            num_layers=info.num_layers,
-            hidden_size=info.hidden_size,
-            vocab_size=info.vocab_size,
-            max_position_embeddings=info.max_position_embeddings,
-            dtype=dtype_name(info.dtype),
-            storage=self.store.storage,
+            **self.target.info.model_dump(),
             capture_layers=self.capture_layers,
             generator=self.scheduler.responses.generator,
-            capture=info.capture,
             chat_template_sha256=self.target.prompts.chat_template_sha256,
             instance=self.instance,
         )
@@ -177,7 +166,7 @@ class HiddenStateService:
             target=info.name,
             num_layers=info.num_layers,
             hidden_size=info.hidden_size,
-            dtype=cast(DTypeName, dtype_name(info.dtype)),  # the store refuses any other
+            dtype=info.dtype,
             storage=self.store.storage,
             capture_layers=self.capture_layers,
             prompts=prompts,

@@ -13,10 +13,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors import SafetensorError, safe_open
 
+from schemas.dtypes import DTYPE_NAMES, DTypeName
 from schemas.prompts import CaptureInfo
 
 FILE_FORMAT = "hsc-engine-capture/1"
@@ -31,7 +33,7 @@ class EngineLaunch:
     """What a capture file says of the engine that wrote it: its aux layer ids, dtype, parallel sizes."""
 
     aux_layer_ids: tuple[int, ...]
-    dtype: str
+    dtype: DTypeName
     tensor_parallel_size: int
     pipeline_parallel_size: int
     version: str
@@ -44,10 +46,12 @@ class EngineLaunch:
                 f"{path} does not say how it was computed (format {FILE_FORMAT!r}): launch the engine with the "
                 "project's connector (kv_connector HiddenStatesConnector, module hsc_vllm_connector)"
             )
+        if metadata.get("dtype") not in DTYPE_NAMES:
+            raise CaptureFileError(f"{path}: hidden states in {metadata.get('dtype')}, which no store keeps")
         try:
             return cls(
                 aux_layer_ids=tuple(int(i) for i in json.loads(metadata["aux_layer_ids"])),
-                dtype=metadata["dtype"],
+                dtype=cast(DTypeName, metadata["dtype"]),
                 tensor_parallel_size=int(metadata["tensor_parallel_size"]),
                 pipeline_parallel_size=int(metadata["pipeline_parallel_size"]),
                 version=metadata["vllm_version"],

@@ -25,6 +25,7 @@ from cache_server.settings import ServeSettings
 from cache_server.store.blobs import LocalBlobs
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.prune import open_namespace, prune
+from cache_server.torch_utils import TORCH_DTYPES
 from testing.servers import serving_app
 from tests.cache_server.helpers import app_client, metric, register_ready, serve_settings
 from tests.cache_server.published import unpublished
@@ -77,7 +78,7 @@ def _service(settings: ServeSettings, barrier: Barrier) -> HiddenStateService:
     blobs = BarrierBlobs(Path(settings.store), barrier)
     # No sweep at its start: it would read, and keep, every manifest; this server reads each prompt's first
     # when the test asks for it.
-    shape = {"hidden_size": info.hidden_size, "dtype": info.dtype, "orphan_grace_s": math.inf}
+    shape = {"hidden_size": info.hidden_size, "dtype": TORCH_DTYPES[info.dtype], "orphan_grace_s": math.inf}
     store = HiddenStore(blobs, fingerprint=info.fingerprint, model_name=info.name, **shape)  # type: ignore[arg-type]
     db = Database(str(blobs.root / "jobs.sqlite"))
     return HiddenStateService(target, store, capture_layers=list(range(info.num_layers)), metrics=Metrics(), db=db)
