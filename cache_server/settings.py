@@ -55,7 +55,7 @@ class PruneSettings(BaseSettings):
         default=None,
         description="the coordination database shared by every server on the store (the prune takes each "
         "prompt's capture lease there): postgresql://user:pass@host/db, a SQLite path or sqlite:///path "
-        "(default: jobs.sqlite in a local store; required with an s3:// store)",
+        "(default: coordination.sqlite in a local store; required with an s3:// store)",
     )
     grace_s: float = Field(
         default=30.0,
@@ -77,7 +77,7 @@ class ServeSettings(BaseSettings):
     db: str | None = Field(
         default=None,
         description="the coordination database shared by every server on the store: postgresql://user:pass@host/db, "
-        "a SQLite path or sqlite:///path (default: jobs.sqlite in a local store; required with an s3:// store)",
+        "a SQLite path or sqlite:///path (default: coordination.sqlite in a local store; required with an s3:// store)",
     )
     db_lock_timeout_s: float = Field(
         default=30.0,

@@ -57,7 +57,7 @@ def open_store_blobs(settings: ServeSettings) -> Blobs:
     if settings.db is None:
         raise StoreInputError(
             f"store {blobs.location} is read-only ({reason}), and the coordination database defaults to a "
-            "file in it: pass --db (a copy of its jobs.sqlite elsewhere, or the database its writers share)"
+            "file in it: pass --db (a copy of its coordination.sqlite elsewhere, or the database its writers share)"
         )
     log.warning(
         "store %s is read-only (%s): serving what it holds, registering and capturing nothing", blobs.location, reason

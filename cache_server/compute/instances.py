@@ -15,7 +15,8 @@ from cache_server.store.hidden_store import HiddenStore
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DB_FILE = "jobs.sqlite"  # the coordination database of a local store, by default
+DEFAULT_DB_FILE = "coordination.sqlite"  # the coordination database of a local store, by default
+OLD_DB_FILE = "jobs.sqlite"  # its name before it held more than jobs: a store that has one keeps it
 
 
 def default_instance() -> str:
@@ -24,10 +25,13 @@ def default_instance() -> str:
 
 
 def default_db_location(store: HiddenStore) -> str:
-    """SQLite next to a local store; an S3 store needs a database named explicitly."""
+    """SQLite next to a local store (`coordination.sqlite`, or the `jobs.sqlite` an older server made
+    there); an S3 store needs a database named explicitly."""
     if not isinstance(store.blobs, LocalBlobs):
         raise ValueError(f"store {store.blobs.location}: a coordination database (--db) is required with an S3 store")
-    return str(store.blobs.root / DEFAULT_DB_FILE)
+    root = store.blobs.root
+    old = root / OLD_DB_FILE
+    return str(old if old.exists() and not (root / DEFAULT_DB_FILE).exists() else root / DEFAULT_DB_FILE)
 
 
 def import_store_registrations(store: HiddenStore, registry: Registry, sets: SetRegistry) -> None:

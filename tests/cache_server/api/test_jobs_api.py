@@ -177,7 +177,7 @@ def test_without_a_checkpoint_root_jobs_are_refused_but_kept(  # type: ignore[no
         assert "--checkpoint-root" in message
         assert client.get(f"/jobs/{job_id}").json()["status"] == "queued"  # survived the restart
         assert client.post("/jobs/claim", json={"worker": "w", "lease_s": 5}).json()["job"]["job_id"] == job_id
-    assert (store / "jobs.sqlite").is_file()
+    assert (store / "coordination.sqlite").is_file()
 
 
 def test_serve_refuses_a_missing_checkpoint_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

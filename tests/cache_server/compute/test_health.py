@@ -102,7 +102,7 @@ def test_a_sqlite_database_locked_and_released(tiny_target: Path, tmp_path: Path
     settings = serve_settings(tiny_target, tmp_path / "store", unhealthy_after_s=bound, db_lock_timeout_s=1.0)
     with TestClient(create_app(settings)) as client:
         (pid,) = register_ready(client, [{"token_ids": [5, 6, 7]}])
-        db = tmp_path / "store" / "jobs.sqlite"
+        db = tmp_path / "store" / "coordination.sqlite"
         locker = subprocess.Popen(
             [sys.executable, "-c", _LOCKER, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
