@@ -2,7 +2,9 @@
 
 Entries are whole layers [T, H] in the stored element type, keyed by (target fingerprint, prompt id,
 layer id): a published layer never changes, and an entry can only answer for the very layer of the
-very target it was decoded from. Least recently used out first, bounded in bytes.
+very target it was decoded from. Least recently used out first, bounded in bytes. (Its counterpart
+on the worker's side, `eval_worker/evaluation/feature_cache.py`, keeps fetched layer sets per
+checkpoint run; this one saves the server's decode for every client.)
 """
 
 from __future__ import annotations

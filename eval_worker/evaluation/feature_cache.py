@@ -4,7 +4,9 @@ Every checkpoint of a training run reads the same layers of the same prompts, so
 them: keyed by (target fingerprint, prompt id, layer list), bounded in bytes, least recently used
 out first, in host RAM or on the drafter's device. A new target fingerprint empties the cache: a
 stale feature is never served. Misses are fetched on a background thread a few prompts ahead of the
-consumer, so a cold evaluation takes about max(fetch, compute) rather than their sum.
+consumer, so a cold evaluation takes about max(fetch, compute) rather than their sum. (The server
+keeps decoded layers too, `cache_server/store/ram_cache.py`, for every client; this one saves the
+fetch itself.)
 """
 
 from __future__ import annotations
