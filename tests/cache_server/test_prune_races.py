@@ -17,6 +17,7 @@ from fastapi import FastAPI
 
 from cache_server.api.app import create_app
 from cache_server.capture.target import open_hf_target
+from cache_server.compute.instances import DEFAULT_DB_FILE
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.service import HiddenStateService
 from cache_server.coordination.database import Database
@@ -80,7 +81,7 @@ def _service(settings: ServeSettings, barrier: Barrier) -> HiddenStateService:
     # when the test asks for it.
     shape = {"hidden_size": info.hidden_size, "dtype": TORCH_DTYPES[info.dtype], "orphan_grace_s": math.inf}
     store = HiddenStore(blobs, fingerprint=info.fingerprint, model_name=info.name, **shape)  # type: ignore[arg-type]
-    db = Database(str(blobs.root / "jobs.sqlite"))
+    db = Database(str(blobs.root / DEFAULT_DB_FILE))
     return HiddenStateService(target, store, capture_layers=list(range(info.num_layers)), metrics=Metrics(), db=db)
 
 
@@ -105,7 +106,7 @@ def test_a_refill_at_every_step_of_a_prune_loses_nothing(tiny_target: Path, tmp_
         }
     barrier = Barrier()
     settings = serve_settings(tiny_target, store)
-    pruner, db = open_namespace(LocalBlobs(store), None), Database(str(store / "jobs.sqlite"))
+    pruner, db = open_namespace(LocalBlobs(store), None), Database(str(store / DEFAULT_DB_FILE))
     leases = PromptHolds(db, pruner.namespace, "prune")
     with serving_app(create_app(settings, build=lambda s: _service(s, barrier))) as url, pruner:
         for pid, at in zip(ids, STEPS, strict=True):  # a server that never read the prompt refills it
@@ -156,7 +157,7 @@ def test_a_server_starting_during_the_grace_leaves_the_dropped_files(tiny_target
         ids = register_ready(client, [{"token_ids": list(range(3, 30 + i))} for i in range(3)])
         before = {pid: bytes(client.get("/hidden", params={"prompt_id": pid, "layers": ALL}).content) for pid in ids}
         computed = metric(client, "cache_server_prompts_computed_total")
-        pruner, db = open_namespace(LocalBlobs(store), None), Database(str(store / "jobs.sqlite"))
+        pruner, db = open_namespace(LocalBlobs(store), None), Database(str(store / DEFAULT_DB_FILE))
         during = []
 
         def grace(seconds: float) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from cache_server.compute.instances import DEFAULT_DB_FILE
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.coordination.captures import CaptureQueue
 from cache_server.coordination.database import Database
@@ -18,7 +19,7 @@ TOKENS = 200
 
 def _held_by_another_server(store: Path, namespace: str, n: int) -> CaptureQueue:
     """`n` prompts of TOKENS tokens registered, and claimed by a server that has not written them yet."""
-    db = Database(str(store / "jobs.sqlite"))
+    db = Database(str(store / DEFAULT_DB_FILE))
     regs = [
         Registration(
             prompt_id=prompt_id_for(tuple(p["token_ids"]), tuple(p["response_token_ids"]), None),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from cache_server.compute.instances import import_store_registrations
+from cache_server.compute.instances import DEFAULT_DB_FILE, import_store_registrations
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.sets import SetRegistry
 from cache_server.coordination.database import Database
@@ -47,7 +47,7 @@ def test_registrations_kept_in_an_older_store_are_taken_over(tmp_path: Path) -> 
         for reg in regs:  # the layout servers used before the coordination database
             store.blobs.put(f"fp/requests/{reg.prompt_id}.json", reg.model_dump_json().encode())
         store.blobs.put("fp/sets/gsm8k.json", json.dumps([regs[2].prompt_id, regs[0].prompt_id]).encode())
-        db = Database(str(tmp_path / "store" / "jobs.sqlite"))
+        db = Database(str(tmp_path / "store" / DEFAULT_DB_FILE))
         registry, sets = Registry(db, "fp"), SetRegistry(db, "fp")
         import_store_registrations(store, registry, sets)
         assert sorted(r.prompt_id for r in registry.all()) == sorted(r.prompt_id for r in regs)
