@@ -126,11 +126,11 @@ class HfForward:
             mask = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).long().to(self.device)
         with capture_decoder_outputs(self.model, layers, to_host=True) as captured:
             normed = self.model.model(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
-        lm_head = self.model.get_output_embeddings().weight
+        lm_head = self.model.get_output_embeddings().weight.to(normed.device)  # once, not per sequence
         settings = samplings if samplings is not None else [None] * len(sequences)
         out: list[Captured | Exception] = []
         for i, (n, p, sampling) in enumerate(zip(lengths, prompt_lens, settings, strict=True)):
-            misses = response_misses(normed[i, :n], input_ids[i, :n], p, sampling, lm_head.to(normed.device))
+            misses = response_misses(normed[i, :n], input_ids[i, :n], p, sampling, lm_head)
             states = {k: captured[k][i, :n] for k in layers}  # views of the batch's host copy
             out.append(Captured.of(states, misses, sampling))
         return out

@@ -11,6 +11,8 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -142,29 +144,24 @@ def _read_checked(path: Path, token_ids: list[int], hidden_size: int) -> tuple[E
     return launch, hidden
 
 
-class _unlocked:
+@contextmanager
+def _unlocked(path: Path, wait_s: float = 5.0) -> Iterator[None]:
     """Waits (shared flock on `<path>.lock`) until the engine's writer has released the file; the lock
     file appears before the response does, but give a shared filesystem a moment to show it."""
-
-    def __init__(self, path: Path, wait_s: float = 5.0) -> None:
-        self._lock_path, self._wait_s = Path(f"{path}.lock"), wait_s
-        self._fd: int | None = None
-
-    def __enter__(self) -> None:
-        deadline = time.monotonic() + self._wait_s
-        while True:
-            try:
-                self._fd = os.open(self._lock_path, os.O_RDONLY)
-                break
-            except FileNotFoundError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        fcntl.flock(self._fd, fcntl.LOCK_SH)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fd = os.open(f"{path}.lock", os.O_RDONLY)
+            break
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
