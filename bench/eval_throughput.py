@@ -30,7 +30,7 @@ from bench.flop_model import published_table
 from cache_server.capture.tiny_model import SPARE_ROWS, build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.checkpoints.layer_ids import default_layer_ids
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.feature_cache import FeatureCache
@@ -41,6 +41,7 @@ from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.families.dflash.walks import CHAIN, walk_prompts
 from eval_worker.settings import EvaluateSettings
+from schemas.eval_spec import DFlashOptions, EvalSpec
 from schemas.report import EvalReport
 from testing.all_anchor import all_anchor_taus
 from testing.checkpoints import save_torch_checkpoint
@@ -94,11 +95,16 @@ def train(
     return paths
 
 
+def _trees(args: argparse.Namespace) -> DFlashOptions:
+    """The DFlash options every path measures: the chain and DDTree-`--tree-budget`."""
+    return DFlashOptions(tree_budgets=[args.tree_budget])
+
+
 def per_checkpoint(
     client: CacheClient, target: Any, ckpt: LoadedCheckpoint, ids: list[str], tmp: Path, args: argparse.Namespace
 ) -> None:
-    budgets = (args.tree_budget,)
-    options = EvalOptions(tree_budgets=budgets, progress=False)
+    budgets = (args.tree_budget,)  # the checkpoint's options: loaded with them (`_trees`)
+    options = EvalOptions(progress=False)
     heads = HeadsCache(tmp / "heads")
     drafter, layers = ckpt.drafter, list(ckpt.target_layer_ids)
     embed, lm_head = (t.float() for t in client.heads().to_torch())
@@ -159,15 +165,10 @@ def sweep(url: str, paths: list[Path], ids: list[str], tmp: Path, args: argparse
     with CacheClient(url) as client:
 
         def run(checkpoints: list[Path]) -> list[EvalReport]:
-            budgets, wanted = (args.tree_budget,), [ids] * len(checkpoints)
+            wanted = [ids] * len(checkpoints)
+            spec = EvalSpec(family_options=_trees(args))
             return evaluate_checkpoints(
-                client,
-                checkpoints,
-                settings,
-                prompt_ids=wanted,
-                tree_budgets=budgets,
-                progress=False,
-                features=FeatureCache(0),
+                client, checkpoints, settings, spec, prompt_ids=wanted, progress=False, features=FeatureCache(0)
             )
 
         def one_pass() -> list[EvalReport]:
@@ -223,7 +224,8 @@ def main() -> None:
                 f"{args.response_len} greedy) tokens; {args.threads} torch thread(s); "
                 f"median of {args.repeats}"
             )
-            per_checkpoint(client, target, load_checkpoint(paths[-1], client.model()), ids, tmp, args)
+            loaded = load_checkpoint(paths[-1], client.model(), LoadRequest(options=_trees(args)))
+            per_checkpoint(client, target, loaded, ids, tmp, args)
             sweep(url, paths, ids, tmp, args)
     print()
     print(published_table())

@@ -30,6 +30,7 @@ from eval_worker.checkpoints.layer_ids import default_layer_ids, eagle3_default_
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.reports.compare import compare_table
 from eval_worker.reports.plot import plot
+from schemas.eval_spec import DFlashOptions, Eagle3Options, EvalSpec
 from schemas.jobs import JobStatus
 from schemas.prompts import GenerateSpec
 from testing.browser import CHROMIUM, headless
@@ -103,10 +104,16 @@ def run_jobs(url: str, runs: Path, workdir: Path) -> None:
     real `eval-worker serve` process do them."""
     with CacheClient(url) as client:
         jobs = JobsClient(client)
+        eagle, dflash = Eagle3Options(eagle_trees=["4,3,16"]), DFlashOptions(tree_budgets=[4, 8])
         submitted = [
-            jobs.submit(p.name, eagle_trees=["4,3,16"], sets=["code", "prose"], draft_sampling="probabilistic")
-            if p.name.startswith("eagle3")
-            else jobs.submit(p.name, tree_budgets=[4, 8], sets=["code", "prose"], draft_sampling="probabilistic")
+            jobs.submit(
+                p.name,
+                spec=EvalSpec(
+                    sets=["code", "prose"],
+                    draft_sampling="probabilistic",
+                    family_options=eagle if p.name.startswith("eagle3") else dflash,
+                ),
+            )
             for p in sorted(runs.iterdir())
         ]
         for job in submitted:

@@ -8,11 +8,19 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING
 
+from eval_worker.cli_options import eval_spec
 from eval_worker.commands import connect
 from eval_worker.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from eval_worker.settings import EvaluateSettings, LookupSettings
+    from schemas.eval_spec import EvalSpec
+
+
+def _spec(args: argparse.Namespace) -> EvalSpec:
+    """What loading the checkpoint reads: --config, --inert-config-keys, and the family options given
+    (--mask-token-id: DFlash's), refused when loading finds another family."""
+    return eval_spec(args, args.family_flags.block())
 
 
 def parity(args: argparse.Namespace, settings: EvaluateSettings) -> int:
@@ -35,10 +43,9 @@ def parity(args: argparse.Namespace, settings: EvaluateSettings) -> int:
             args.checkpoint,
             engine,
             settings,
+            spec=_spec(args),
             sets=args.sets or (),
             limit=args.limit,
-            config_path=args.config,
-            mask_token_id=args.mask_token_id,
             setting=setting,
             probe=probe,
         )
@@ -65,8 +72,7 @@ def doctor(args: argparse.Namespace, settings: EvaluateSettings) -> int:
             args.checkpoint,
             settings,
             limit=args.limit,
-            config_path=args.config,
-            mask_token_id=args.mask_token_id,
+            spec=_spec(args),
         )
     print(format_doctor(args.checkpoint, readings))
     return ExitCode.ok
@@ -78,11 +84,7 @@ def inspect(args: argparse.Namespace, settings: LookupSettings) -> int:
 
     client = connect(settings) if settings.server else None
     try:
-        print(
-            describe_checkpoint(
-                args.checkpoint, config_path=args.config, mask_token_id=args.mask_token_id, client=client
-            )
-        )
+        print(describe_checkpoint(args.checkpoint, _spec(args), client=client))
     finally:
         if client is not None:
             client.close()

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from eval_worker import checkpoint_commands, commands
-from eval_worker.cli_options import command, config_args, job_options, sampling_options
+from eval_worker.cli_options import FamilyFlags, command, config_args, eval_spec, job_options, sampling_options
 from eval_worker.exit_codes import ExitCode, exit_codes_line
 from eval_worker.parity.options import add_parity_options
 from eval_worker.settings import (
@@ -26,14 +26,13 @@ from eval_worker.settings import (
     SubmitSettings,
     WorkerSettings,
 )
-from schemas.eval_spec import EvalSpec
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eval-worker",
-        description="Evaluate drafter checkpoints (DFlash and EAGLE-3: chain and tree tau) on cached target "
-        "hidden states.",
+        description="Evaluate drafter checkpoints (DFlash, EAGLE-3 and MTP: chain and tree tau) on cached "
+        "target hidden states.",
         epilog="Options can also be set as EVAL_WORKER_<OPTION>. " + exit_codes_line(),
     )
     sub = p.add_subparsers(dest="command", required=True)
@@ -60,7 +59,7 @@ def _evaluate_command(sub: Any) -> None:
         "checkpoints",
         type=Path,
         nargs="+",
-        help="drafter checkpoints (DFlash or EAGLE-3): HF directories or torch.save files",
+        help="drafter checkpoints (DFlash, EAGLE-3 or MTP): HF directories or torch.save files",
     )
     which = ev.add_mutually_exclusive_group(required=True)
     which.add_argument("--all-prompts", action="store_true", help="every prompt registered on the server")
@@ -72,7 +71,6 @@ def _evaluate_command(sub: Any) -> None:
         help="the prompts of this set (repeatable); the report is also summarized per set",
     )
     job_options(ev)
-    config_args(ev)
     outs = ev.add_mutually_exclusive_group()
     outs.add_argument("--out", type=Path, help="write the JSON report (EvalReport) of one checkpoint here")
     outs.add_argument("--out-dir", type=Path, help="write each checkpoint's report as DIR/<checkpoint name>.json")
@@ -210,21 +208,15 @@ def _compare_command(sub: Any) -> None:
 
 
 def _check_spec(args: argparse.Namespace) -> None:
-    """The job options as `EvalSpec` checks them for `POST /jobs` too (ValidationError), EAGLE trees
-    written as their canonical keys."""
-    if not hasattr(args, "tree_budgets"):
+    """The options as `EvalSpec` checks them for `POST /jobs` too (ValidationError), before any server is
+    asked: `args.family_flags` (each family's block checked), and for `submit` and `watch`, which load
+    no checkpoint, the one block the flags mean (ValueError when it is not clear which)."""
+    if not hasattr(args, "mask_token_id"):
         return
-    spec = EvalSpec(
-        tree_budgets=args.tree_budgets,
-        target_layer_ids=args.target_layer_ids,
-        block_size=args.block_size,
-        steps=args.steps,
-        eagle_trees=args.eagle_trees,
-        layer_convention=args.layer_convention,
-        sets=getattr(args, "sets", None) or [],
-        draft_sampling=args.draft_sampling,
-    )
-    args.eagle_trees = spec.eagle_trees
+    args.family_flags = FamilyFlags.of(args)
+    eval_spec(args)
+    if args.command in ("submit", "watch"):
+        args.family_flags.block()
 
 
 def validation_message(e: ValidationError) -> str:
@@ -258,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"eval-worker: {validation_message(e) if isinstance(e, ValidationError) else e}", file=sys.stderr)
         return ExitCode.usage
     except ModuleNotFoundError as e:  # the light install runs submit, watch and compare only
-        extra = {"matplotlib": "plot", "datasets": "prompts", "tensorboard": "tensorboard"}.get(
+        extra = {"matplotlib": "plot", "datasets": "prompts", "tensorboard": "tensorboard", "transformers": "mtp"}.get(
             (e.name or "").split(".")[0], "worker"
         )
         print(f"eval-worker {args.command} needs {e.name}: pip install 'hidden-state-cache[{extra}]'", file=sys.stderr)

@@ -1,21 +1,125 @@
-"""The option groups `eval-worker`'s commands share, and how a command's settings model becomes its
-options (each also an EVAL_WORKER_ variable)."""
+"""The option groups `eval-worker`'s commands share, how they become one `EvalSpec` (the family options
+into the block of the family they are for), and how a command's settings model becomes its options
+(each also an EVAL_WORKER_ variable)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
 from pydantic_settings import BaseSettings, CliSettingsSource
 
+from schemas.eval_spec import (
+    FAMILY_OPTIONS,
+    FAMILY_TITLES,
+    DrafterFamilyName,
+    EvalSpec,
+    FamilyOptions,
+    families_reading,
+)
 from schemas.layers import CheckpointLayerConvention, parse_layer_list
 from schemas.sampling import DRAFT_SAMPLING
 from schemas.trees import EagleTreeShape
 
 Command = Callable[[argparse.Namespace, Any], int]
 S = TypeVar("S", bound=BaseSettings)
+# The flags that fill a family's options block, by the field of the block each sets.
+FAMILY_FLAGS = {
+    "tree_budgets": "--tree-budget",
+    "block_size": "--block-size",
+    "mask_token_id": "--mask-token-id",
+    "eagle_trees": "--eagle-tree",
+    "steps": "--steps",
+    "layer_convention": "--layer-convention",
+}
+
+
+def _titles(families: Iterable[DrafterFamilyName]) -> str:
+    return " and ".join(FAMILY_TITLES[f] for f in families)
+
+
+@dataclass(frozen=True)
+class FamilyFlags:
+    """The family options given on the command line (block field -> value) and --family: which block they
+    fill is the checkpoint's family's (`evaluate`), else --family's, else the one family all of them fit."""
+
+    given: dict[str, Any]
+    family: DrafterFamilyName | None = None
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> FamilyFlags:
+        """The flags `args` holds, their values checked as the blocks check them (ValidationError)."""
+        given = {k: getattr(args, k) for k in FAMILY_FLAGS if getattr(args, k, None) not in (None, [])}
+        flags = cls(given, getattr(args, "family", None))
+        flags.blocks()
+        return flags
+
+    def _build(self, family: DrafterFamilyName) -> FamilyOptions:
+        block = FAMILY_OPTIONS[family]
+        return block(**{k: v for k, v in self.given.items() if k in block.model_fields})
+
+    def _only(self, family: DrafterFamilyName) -> None:
+        for field in self.given:
+            owners = families_reading(field)
+            if family not in owners:
+                raise ValueError(f"{FAMILY_FLAGS[field]} applies to {_titles(owners)} drafters, not --family {family}")
+
+    def blocks(self) -> dict[DrafterFamilyName, FamilyOptions | None]:
+        """Each family's block from the flags it reads (None: no flag of it given); with --family, that
+        family's block for every family (loading refuses a checkpoint of another)."""
+        if self.family is not None:
+            self._only(self.family)
+            block = self._build(self.family)
+            return dict.fromkeys(FAMILY_OPTIONS, block)
+        reads = {f: any(f in families_reading(k) for k in self.given) for f in FAMILY_OPTIONS}
+        return {f: self._build(f) if reads[f] else None for f in FAMILY_OPTIONS}
+
+    def block(self) -> FamilyOptions | None:
+        """The one block the flags mean without a checkpoint to ask (`submit`, `watch`): --family's, else
+        the one family every flag fits (ValueError when they fit none, or several)."""
+        if self.family is not None:
+            return self.blocks()[self.family]
+        if not self.given:
+            return None
+        fits = [f for f in FAMILY_OPTIONS if all(f in families_reading(k) for k in self.given)]
+        flags = " and ".join(FAMILY_FLAGS[k] for k in self.given)
+        if not fits:
+            owners = sorted({o for k in self.given for o in families_reading(k)}, key=list(FAMILY_OPTIONS).index)
+            raise ValueError(
+                f"{flags} belong to different drafter families ({_titles(owners)}): give one family's options"
+            )
+        if len(fits) > 1:
+            verb = "apply" if len(self.given) > 1 else "applies"
+            raise ValueError(f"{flags} {verb} to {_titles(fits)} drafters: say which with --family")
+        return self._build(fits[0])
+
+    def check_used(self, families: Collection[str]) -> None:
+        """ValueError for a flag that applies to none of `families` (the checkpoints'): refused, not ignored."""
+        for field in self.given:
+            owners = families_reading(field)
+            if not set(owners) & set(families):
+                raise ValueError(
+                    f"{FAMILY_FLAGS[field]} applies to {_titles(owners)} drafters; none of these checkpoints is one"
+                )
+
+
+def eval_spec(
+    args: argparse.Namespace, family_options: FamilyOptions | None = None, config: str | None = None
+) -> EvalSpec:
+    """The options of `args` that are no family's (those that `args` lacks at their defaults), with
+    `family_options` and `config` (default: --config as given)."""
+    given_config = getattr(args, "config", None)
+    return EvalSpec(
+        target_layer_ids=getattr(args, "target_layer_ids", None),
+        sets=getattr(args, "sets", None) or [],
+        draft_sampling=getattr(args, "draft_sampling", None) or "greedy",
+        config=config if config is not None else (str(given_config) if given_config is not None else None),
+        inert_config_keys=getattr(args, "inert_config_keys", None) or [],
+        family_options=family_options,
+    )
 
 
 def _int_list(text: str) -> list[int]:
@@ -32,8 +136,19 @@ def _eagle_tree(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _key_list(text: str) -> list[str]:
+    return [k.strip() for k in text.split(",")]
+
+
 def job_options(p: argparse.ArgumentParser) -> None:
-    """What to evaluate: shared by `evaluate`, `submit` and `watch` (checked as an `EvalSpec`)."""
+    """What to evaluate: shared by `evaluate`, `submit` and `watch` (checked as an `EvalSpec`); the family
+    options fill the block of the checkpoint's family (`evaluate`), else of --family or of the flags'."""
+    p.add_argument(
+        "--family",
+        choices=list(FAMILY_OPTIONS),
+        help="the drafter family the options below are for (a checkpoint of another is refused); "
+        "needed where they fit several (--steps: EAGLE-3 and MTP)",
+    )
     p.add_argument(
         "--tree-budget",
         dest="tree_budgets",
@@ -55,7 +170,8 @@ def job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--steps",
         type=int,
-        help="EAGLE-3: chain drafts per round (default: the checkpoint's speculative_tokens, else 5)",
+        help="EAGLE-3 and MTP: chain drafts per round (default: the checkpoint's speculative_tokens, else "
+        "EAGLE-3 5, MTP 1)",
     )
     p.add_argument(
         "--layer-convention",
@@ -75,6 +191,7 @@ def job_options(p: argparse.ArgumentParser) -> None:
         "probabilistic: also the expected tau under standard rejection sampling with sampled drafts "
         "(drafts every anchor of the response)",
     )
+    config_args(p)
 
 
 def sampling_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -94,12 +211,22 @@ def _settings_from(parser: argparse.ArgumentParser, cls: type[S]) -> Callable[[a
 
 
 def config_args(p: argparse.ArgumentParser) -> None:
-    """What a user supplies beside a checkpoint whose own config lacks it."""
-    p.add_argument("--config", type=Path, help="drafter config.json for a torch.save file without one")
+    """What a user supplies beside a checkpoint whose own config lacks it, or says more than it should."""
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="drafter config.json for a torch.save file without one (a job's: under --checkpoint-root)",
+    )
     p.add_argument(
         "--mask-token-id",
         type=int,
         help="DFlash: the mask token, for a config that names none (SpecForge writes none unless told)",
+    )
+    p.add_argument(
+        "--inert-config-keys",
+        type=_key_list,
+        default=[],
+        help="comma-separated config keys to accept as not changing the drafter's math (named in the report)",
     )
 
 

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eval_worker.cli_options import FamilyFlags, eval_spec
 from eval_worker.exit_codes import ExitCode
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
         WorkerSettings,
     )
     from eval_worker.worker.tensorboard_log import TensorBoardLog
+    from schemas.eval_spec import EvalSpec
     from schemas.jobs import JobState
 
 log = logging.getLogger(__name__)
@@ -46,29 +48,25 @@ def _stop_on_signals() -> threading.Event:
 
 
 def evaluate(args: argparse.Namespace, settings: EvaluateSettings) -> int:
-    """Evaluate one checkpoint, or a sweep of several in one pass over the prompts, and print the reports."""
-    from eval_worker.evaluation.sweep import evaluate_checkpoints, feature_cache
+    """Evaluate one checkpoint, or a sweep of several in one pass over the prompts, and print the reports;
+    each checkpoint's family options are filled from the flags its family reads."""
+    from eval_worker.evaluation.sweep import evaluate_checkpoints, feature_cache, load_checkpoints
     from eval_worker.reports.table import format_report
-    from schemas.trees import EagleTreeShape
 
     checkpoints: list[Path] = args.checkpoints
     outputs = _report_paths(checkpoints, args.out, args.out_dir)
+    flags: FamilyFlags = args.family_flags
+    spec = eval_spec(args)
     with connect(settings) as client:
+        # each checkpoint's family options are the flags its family reads; a flag none reads is refused
+        loaded = load_checkpoints(client.model(), checkpoints, spec, flags.blocks())
+        flags.check_used({c.family for c in loaded})
         reports = evaluate_checkpoints(
             client,
-            checkpoints,
+            loaded,
             settings,
+            spec,
             prompt_ids=[args.prompts if args.prompts else None] * len(checkpoints),
-            sets=args.sets or (),
-            tree_budgets=args.tree_budgets,
-            eagle_trees=[EagleTreeShape.parse(t) for t in args.eagle_trees],
-            steps=args.steps,
-            draft_sampling=args.draft_sampling,
-            layer_ids=args.target_layer_ids,
-            block_size=args.block_size,
-            layer_convention=args.layer_convention,
-            config_path=args.config,
-            mask_token_id=args.mask_token_id,
             features=feature_cache(settings),
         )
     for report, out in zip(reports, outputs, strict=True):
@@ -104,30 +102,25 @@ def serve(_: argparse.Namespace, settings: WorkerSettings) -> int:
     return ExitCode.ok
 
 
-def _job_path(checkpoint: Path, root: Path | None) -> str:
+def _job_path(path: Path, root: Path | None, what: str = "checkpoint") -> str:
     """The path as the server should see it: relative to the shared root, else absolute."""
-    real = checkpoint.resolve()
+    real = path.resolve()
     if root is None:
         return str(real)
     try:
         return str(real.relative_to(root.resolve()))
     except ValueError:
-        raise ValueError(f"checkpoint {checkpoint} is not under --checkpoint-root {root}") from None
+        raise ValueError(f"{what} {path} is not under --checkpoint-root {root}") from None
 
 
-def _submit(jobs: JobsClient, args: argparse.Namespace, path: str, prompts: Any = "all") -> JobState:
-    state = jobs.submit(
-        path,
-        prompts=prompts,
-        tree_budgets=args.tree_budgets,
-        target_layer_ids=args.target_layer_ids,
-        block_size=args.block_size,
-        steps=args.steps,
-        eagle_trees=args.eagle_trees,
-        layer_convention=args.layer_convention,
-        sets=getattr(args, "sets", None) or (),
-        draft_sampling=args.draft_sampling,
-    )
+def _job_spec(args: argparse.Namespace, root: Path | None) -> EvalSpec:
+    """The job's spec: the one block the flags mean, and --config as the server should see it."""
+    config = _job_path(args.config, root, "config") if args.config is not None else None
+    return eval_spec(args, args.family_flags.block(), config)
+
+
+def _submit(jobs: JobsClient, spec: EvalSpec, path: str, prompts: Any = "all") -> JobState:
+    state = jobs.submit(path, prompts, spec)
     print(f"job {state.job_id} {state.status.value}: {state.checkpoint_relative}", flush=True)
     return state
 
@@ -140,7 +133,8 @@ def submit(args: argparse.Namespace, settings: SubmitSettings) -> int:
 
     with connect(settings) as client:
         jobs = JobsClient(client)
-        state = _submit(jobs, args, _job_path(args.checkpoint, settings.checkpoint_root), args.prompts or "all")
+        spec = _job_spec(args, settings.checkpoint_root)
+        state = _submit(jobs, spec, _job_path(args.checkpoint, settings.checkpoint_root), args.prompts or "all")
         if not args.wait:
             return ExitCode.ok
         # No deadline: every job ends (done, or failed once its attempts are spent) while a worker runs.
@@ -163,6 +157,7 @@ def watch(args: argparse.Namespace, settings: SubmitSettings) -> int:
     stop = _stop_on_signals()
     board = _tensorboard(args.tensorboard)
     run = Path(_job_path(args.dir, settings.checkpoint_root))  # the run as the server names its checkpoints
+    spec = _job_spec(args, settings.checkpoint_root)
     with connect(settings) as client, contextlib.ExitStack() as cleanup:
         if board is not None:
             cleanup.callback(board.close)
@@ -178,7 +173,7 @@ def watch(args: argparse.Namespace, settings: SubmitSettings) -> int:
                 if path in known or str(ckpt.resolve()) in known:
                     log.info("%s already has a job; not submitting it again", ckpt)
                     continue
-                known.add(_submit(jobs, args, path).checkpoint)
+                known.add(_submit(jobs, spec, path).checkpoint)
             looks += 1
             if board is not None:
                 relative = settings.checkpoint_root is not None

@@ -4,7 +4,8 @@
 Bodies: prompts (`prompts.py`), the target (`model.py`), the tensor endpoints (`hidden.py`,
 `pieces.py` with the stored blocks' checksums `block_digests.py`, framed by `safetensors_frame.py`),
 jobs (`jobs.py`), what an evaluation measures
-(`eval_spec.py`, EAGLE trees in `trees.py`), its report (`report.py`) and the parity report
+(`eval_spec.py`, each drafter family's options a block of it; EAGLE trees in `trees.py`), its report
+(`report.py`, each family's drafting a block of it) and the parity report
 (`parity.py`); a capture's storage projected before it starts (`plan.py`) and how it is kept, exact
 or FP8 (`storage.py`, its values `fp8.py`); the completions request sent to a serving engine
 (`completions.py`) and how a response is sampled from the target (`sampling.py`); the error codes
@@ -13,7 +14,7 @@ checkpoint looks like on disk (`checkpoint_layout.py`).
 """
 
 from schemas.errors import ErrorBody, ErrorCode, ErrorDetail
-from schemas.eval_spec import EvalSpec
+from schemas.eval_spec import DFlashOptions, Eagle3Options, EvalSpec, MtpOptions
 from schemas.hidden import HiddenMetadata
 from schemas.jobs import Claim, JobState, JobStatus, JobSubmit
 from schemas.layers import LAYER_CONVENTION
@@ -27,11 +28,24 @@ from schemas.prompts import (
     PromptStatus,
     RegisterRequest,
 )
-from schemas.report import EvalReport, EvalSummary, PromptEval, RoundTaus, TauSummary
+from schemas.report import (
+    DFlashDrafting,
+    Eagle3Drafting,
+    EvalReport,
+    EvalSummary,
+    MtpDrafting,
+    PromptEval,
+    RoundTaus,
+    TauSummary,
+)
 
 __all__ = [
     "LAYER_CONVENTION",
     "Claim",
+    "DFlashDrafting",
+    "DFlashOptions",
+    "Eagle3Drafting",
+    "Eagle3Options",
     "ErrorBody",
     "ErrorCode",
     "ErrorDetail",
@@ -45,6 +59,8 @@ __all__ = [
     "JobStatus",
     "JobSubmit",
     "ModelInfo",
+    "MtpDrafting",
+    "MtpOptions",
     "PromptEval",
     "PromptPage",
     "PromptSpec",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -28,7 +28,9 @@ class JobStatus(StrEnum):
 
 
 class JobSubmit(EvalSpec):
-    """`POST /jobs`: evaluate one drafter checkpoint on cached prompts (the worker's options)."""
+    """`POST /jobs`: evaluate one drafter checkpoint on cached prompts, with every option `eval-worker
+    evaluate` has (the `EvalSpec` this body extends; flat family fields of older clients are lifted
+    into their family's block)."""
 
     model_config = ConfigDict(extra="forbid")
     checkpoint: str = Field(min_length=1, max_length=4096, description="path inside --checkpoint-root")
@@ -58,6 +60,41 @@ class JobSubmit(EvalSpec):
                 distinct(v, "prompt ids")
         return v
 
+    def eval_spec(self) -> EvalSpec:
+        """The evaluation this job asks for, without which checkpoint and prompts."""
+        return EvalSpec.model_validate(self.model_dump(include=set(EvalSpec.model_fields)))
+
+
+# JobState's flat copies of its spec, as servers before the spec column sent them.
+_FLAT = (
+    "tree_budgets",
+    "target_layer_ids",
+    "block_size",
+    "steps",
+    "eagle_trees",
+    "layer_convention",
+    "sets",
+    "draft_sampling",
+)
+
+
+def flat_fields(spec: EvalSpec) -> dict[str, Any]:
+    """A spec's options as the flat fields of `JobState` (None or empty where its family has none)."""
+    block = spec.family_options
+    return {
+        "tree_budgets": list(getattr(block, "tree_budgets", [])),
+        "target_layer_ids": spec.target_layer_ids,
+        "block_size": getattr(block, "block_size", None),
+        "steps": getattr(block, "steps", None),
+        "eagle_trees": list(getattr(block, "eagle_trees", [])),
+        "layer_convention": getattr(block, "layer_convention", None),
+        "sets": list(spec.sets),
+        "draft_sampling": spec.draft_sampling,
+    }
+
+
+_COPY = "a copy of `spec`'s, for clients that read it before the spec existed"
+
 
 class JobState(BaseModel):
     """`GET /jobs/{id}`. `checkpoint` is the resolved absolute path the worker opens."""
@@ -67,14 +104,15 @@ class JobState(BaseModel):
     checkpoint: str
     checkpoint_relative: str = Field(description="the checkpoint's path relative to --checkpoint-root")
     prompts: Literal["all"] | list[str]
-    tree_budgets: list[int]
-    target_layer_ids: list[int] | None
-    block_size: int | None
-    steps: int | None = None
-    eagle_trees: list[str] = Field(default_factory=list)
-    layer_convention: CheckpointLayerConvention | None = None
-    sets: list[str] = Field(default_factory=list)
-    draft_sampling: DraftSampling = "greedy"
+    spec: EvalSpec = Field(description="what the job evaluates: every option of `eval-worker evaluate`")
+    tree_budgets: list[int] = Field(default_factory=list, description=f"{_COPY} (DFlash)")
+    target_layer_ids: list[int] | None = Field(default=None, description=_COPY)
+    block_size: int | None = Field(default=None, description=f"{_COPY} (DFlash)")
+    steps: int | None = Field(default=None, description=f"{_COPY} (EAGLE-3, MTP)")
+    eagle_trees: list[str] = Field(default_factory=list, description=f"{_COPY} (EAGLE-3)")
+    layer_convention: CheckpointLayerConvention | None = Field(default=None, description=f"{_COPY} (EAGLE-3)")
+    sets: list[str] = Field(default_factory=list, description=_COPY)
+    draft_sampling: DraftSampling = Field(default="greedy", description=_COPY)
     target_fingerprint: str | None = Field(description="the target the server served at submission")
     attempts: int = Field(description="claims so far, the current one included")
     max_attempts: int
@@ -84,6 +122,20 @@ class JobState(BaseModel):
     finished_at: datetime | None
     lease_expires_at: datetime | None = Field(description="set while running")
     error: str | None = Field(description="the latest failure; kept across retries, cleared when done")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_from_spec(cls, data: Any) -> Any:
+        """The flat fields are always the spec's; a state without a spec (an older server's) gets the
+        spec its flat fields mean."""
+        if not isinstance(data, dict):
+            return data
+        spec = data.get("spec")
+        if spec is None:
+            spec = EvalSpec.model_validate({k: data[k] for k in _FLAT if k in data})
+        elif not isinstance(spec, EvalSpec):
+            spec = EvalSpec.model_validate(spec)
+        return {**data, "spec": spec, **flat_fields(spec)}
 
 
 class JobPage(BaseModel):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.layers import CheckpointLayerConvention
 from schemas.sampling import DraftSampling, SamplingParams
@@ -152,15 +152,99 @@ class EvalSummary(SetSummary):
     cost: EvalCost | None = Field(default=None, description="absent in reports written before it existed")
 
 
+class DFlashDrafting(BaseModel):
+    """DFlash: the drafted block length, the block's mask token, the DDTree budgets walked."""
+
+    model_config = ConfigDict(extra="forbid")
+    family: Literal["dflash"] = "dflash"
+    block_size: int | None = Field(default=None, description="drafted block length")
+    mask_token_id: int | None = Field(default=None, description="the block's mask token")
+    tree_budgets: list[int] = Field(default_factory=list, description="DDTree budgets walked")
+
+    @property
+    def longest_round(self) -> int:
+        """The most tokens one chain round can count: the whole block."""
+        return self.block_size or 1
+
+
+class Eagle3Drafting(BaseModel):
+    """EAGLE-3: chain drafts per round, the draft vocabulary's size, EAGLE's dynamic trees walked."""
+
+    model_config = ConfigDict(extra="forbid")
+    family: Literal["eagle3"] = "eagle3"
+    steps: int | None = Field(default=None, description="chain drafts per round")
+    draft_vocab_size: int | None = Field(default=None, description="lm_head rows")
+    eagle_trees: list[str] = Field(default_factory=list, description='EAGLE trees "TOPK,DEPTH,TOTAL"')
+
+    @property
+    def longest_round(self) -> int:
+        """The most tokens one chain round can count: every step and the bonus token."""
+        return (self.steps or 0) + 1
+
+
+class MtpDrafting(BaseModel):
+    """MTP heads: chain drafts per round (the first head drafts every step, as vLLM runs them), the heads the
+    checkpoint has, its layout."""
+
+    model_config = ConfigDict(extra="forbid")
+    family: Literal["mtp"] = "mtp"
+    steps: int | None = Field(default=None, description="chain drafts per round")
+    mtp_layers: int = Field(description="MTP heads the checkpoint declares")
+    layout: str = Field(description="how the checkpoint writes them: deepseek | qwen3_next")
+
+    @property
+    def longest_round(self) -> int:
+        """The most tokens one chain round can count: every step and the bonus token."""
+        return (self.steps or 0) + 1
+
+
+Drafting = Annotated[DFlashDrafting | Eagle3Drafting | MtpDrafting, Field(discriminator="family")]
+# The flat fields of reports written before the family blocks, each read into its family's block.
+_FLAT_DRAFTING: dict[str, tuple[str, ...]] = {
+    "dflash": ("block_size", "mask_token_id", "tree_budgets"),
+    "eagle3": ("steps", "draft_vocab_size", "eagle_trees"),
+    "mtp": ("steps",),
+}
+_FLAT_FIELDS = ("block_size", "mask_token_id", "steps", "draft_vocab_size", "tree_budgets", "eagle_trees")
+
+
+def lift_flat_drafting(data: dict[str, Any]) -> dict[str, Any]:
+    """A report body written before the family blocks (flat `block_size`, `steps`, ... beside
+    `drafter_family`, "dflash" when absent) -> the same body with its family's `drafting` block. A body
+    with a block and no `drafter_family` takes the block's family, a block without `family` the body's.
+    ValueError for a flat field of another family that holds a value, or flat fields beside a block."""
+    flat = {k: data[k] for k in _FLAT_FIELDS if k in data}
+    rest = {k: v for k, v in data.items() if k not in flat}
+    drafting = rest.get("drafting")
+    block_family = drafting.get("family") if isinstance(drafting, dict) else getattr(drafting, "family", None)
+    if "drafter_family" not in rest and block_family is not None:
+        rest["drafter_family"] = block_family
+    family = str(rest.get("drafter_family") or "dflash")
+    if isinstance(drafting, dict) and block_family is None:
+        rest["drafting"] = {**drafting, "family": family}
+    if not flat:
+        return rest
+    if drafting is not None:
+        raise ValueError(f"give {sorted(flat)} inside drafting, not beside it")
+    own = _FLAT_DRAFTING.get(family, ())
+    stray = sorted(k for k, v in flat.items() if k not in own and v not in (None, []))
+    if stray:
+        raise ValueError(f"{stray} do not apply to a {family} report")
+    block = {k: v for k, v in flat.items() if k in own and v is not None}
+    return {**rest, "drafting": {"family": family, **block}}
+
+
 class EvalReport(BaseModel):
     """One checkpoint evaluated against one target: what was measured, how, and the results.
 
-    Reports written before EAGLE-3 support load as DFlash reports (the defaults below)."""
+    Reports written before EAGLE-3 support load as DFlash reports (the defaults below), and reports
+    written before the family blocks (flat `block_size`, `mask_token_id`, `steps`, `draft_vocab_size`,
+    `tree_budgets`, `eagle_trees`) load with those fields in their family's `drafting` block."""
 
     model_config = ConfigDict(extra="forbid")
     checkpoint_path: str
     format: Literal["hf_dir", "torch_dict"]
-    drafter_family: Literal["dflash", "eagle3"] = "dflash"
+    drafter_family: Literal["dflash", "eagle3", "mtp"] = "dflash"
     layout: str = Field(default="dflash", description='"dflash", or an EAGLE-3 layout: eagle | specforge | speculators')
     step: int | None
     epoch: int | None
@@ -171,7 +255,9 @@ class EvalReport(BaseModel):
         description='how the features were stored: "exact", or "float8_e4m3fn per-token scale" (a lossy store)',
     )
     target_layer_ids: list[int] = Field(description="the target layers fetched: 0-based decoder outputs")
-    layer_ids_source: Literal["checkpoint", "default", "inferred", "override"]
+    layer_ids_source: Literal["checkpoint", "default", "inferred", "override", "family"] = Field(
+        description="where the layer ids came from (family: the family reads fixed layers, MTP the last)"
+    )
     checkpoint_layer_ids: list[int] | None = Field(default=None, description="the ids as the checkpoint writes them")
     checkpoint_layer_convention: CheckpointLayerConvention = Field(
         default="decoder_output_0based",
@@ -180,17 +266,29 @@ class EvalReport(BaseModel):
     layer_convention_source: Literal["layout", "override"] = Field(
         default="layout", description="the layout's convention, or --layer-convention"
     )
-    block_size: int | None = Field(description="DFlash: drafted block length")
-    mask_token_id: int | None = Field(description="DFlash: the block's mask token")
-    steps: int | None = Field(default=None, description="EAGLE-3: chain drafts per round")
-    draft_vocab_size: int | None = Field(default=None, description="EAGLE-3: lm_head rows")
-    tree_budgets: list[int]
-    eagle_trees: list[str] = Field(default_factory=list, description='EAGLE trees "TOPK,DEPTH,TOTAL"')
+    drafting: Drafting = Field(description="how the family drafted: its own block (`family` says which)")
     draft_sampling: list[DraftSampling] = Field(
         default_factory=lambda: list[DraftSampling](["greedy"]),
         description="drafting modes measured: greedy (the chain walk) and, when asked, probabilistic",
+    )
+    inert_config_keys: list[str] = Field(
+        default_factory=list, description="config keys the checkpoint has and the loader accepted as inert by request"
+    )
+    warnings: list[str] = Field(
+        default_factory=list, description="what loading accepted that a reader should know (e.g. a t2d vLLM ignores)"
     )
     device: str
     dtype: str
     prompts: list[PromptEval]
     summary: EvalSummary
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        return lift_flat_drafting(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _one_family(self) -> EvalReport:
+        if self.drafting.family != self.drafter_family:
+            raise ValueError(f"a {self.drafter_family} report with a {self.drafting.family} drafting block")
+        return self

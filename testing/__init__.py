@@ -1,13 +1,15 @@
 """What the tests, the demo and the benchmarks share: real servers on loopback and the ground truths
 they are checked against. Not installed with the package; run from the repository root.
 
-- Ground truths: the live speculative loops (`live_loop.py`, `eagle3_live_loop.py`), speculative
+- Ground truths: the live speculative loops (`live_loop.py`, `eagle3_live_loop.py`, an MTP head's
+  greedy loop written from vLLM's MTP model files in `mtp_reference.py`), speculative
   sampling at T > 0 as vLLM's rejection sampler does it (`speculative_sampling.py`), every anchor
   drafted (`all_anchor.py`), taps taken in-process with the server's hooks (`taps.py`), tensors
   between the wire and torch (`tensors.py`).
 - Drafters and checkpoints: the tiny DFlash trainer (`tiny_trainer.py`), EAGLE-3 drafters
   (`eagle3.py`), checkpoint writers (`checkpoints.py`), the peers' own writers run in their virtual
-  environment (`peer_checkpoints.py`, driven by `peers.py`).
+  environment (`peer_checkpoints.py`, driven by `peers.py`), tiny DeepSeek-V3, Qwen3-Next and Qwen3.5
+  targets carrying MTP heads under their published names (`mtp_targets.py`).
 - Servers: `cache-server serve` and bench servers (`servers.py`), several on one store (`fleet.py`),
   vLLM (`engine.py`, with connectors that misbehave on purpose in `engine_faults/`), a lossless
   speculative-sampling test engine with vLLM's API (`spec_engine.py`), Postgres (`postgres.py`),

@@ -19,6 +19,7 @@ from cache_server.capture.fingerprint import target_fingerprint
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient, JobsClient
 from eval_worker.families.dflash.drafter import DFlashDrafter
+from schemas.eval_spec import DFlashOptions, EvalSpec
 from schemas.jobs import JobStatus
 from testing.checkpoints import save_hf_checkpoint
 from testing.docker import (
@@ -94,7 +95,7 @@ def test_the_cpu_compose_file_runs_the_whole_system(engine: None, tmp_path: Path
             ]
             client.wait_ready(ids, timeout_s=120)
             jobs = JobsClient(client)
-            job = jobs.submit("step_10", tree_budgets=[4])
+            job = jobs.submit("step_10", spec=EvalSpec(family_options=DFlashOptions(tree_budgets=[4])))
             final = jobs.wait(job.job_id, timeout_s=300, poll_s=0.5)
             assert final.status == JobStatus.done, final.error
             report = jobs.report(job.job_id)

@@ -13,11 +13,13 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from cache_server.api.app import create_app
 from cache_server.client import HiddenResult, TargetHeads
 from cache_server.settings import ServeSettings
+from eval_worker.checkpoints.loaded import LoadRequest
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.families.dflash.drafter import DFlashDrafter
+from schemas.eval_spec import DFlashOptions
 from schemas.hidden import HiddenMetadata
 from schemas.model import ModelInfo
 from testing.checkpoints import save_torch_checkpoint
@@ -115,10 +117,10 @@ def test_evaluation_on_cuda_scores_what_the_cpu_does(tiny_target: Path, tmp_path
     reports = [
         evaluate(
             source,
-            load_checkpoint(ckpt, info),
+            load_checkpoint(ckpt, info, LoadRequest(options=DFlashOptions(tree_budgets=[4]))),
             ["p"],
             heads_cache=HeadsCache(tmp_path / f"{d}-{dtype}"),
-            options=EvalOptions(tree_budgets=(4,), device=d, dtype=dtype, progress=False),
+            options=EvalOptions(device=d, dtype=dtype, progress=False),
         )
         for d, dtype in runs
     ]

@@ -133,7 +133,8 @@ FAMILY_FILES = {
     "eval_worker/checkpoints/loaded.py",
 }
 FAMILY_FOLDERS = ("eval_worker/families/",)  # each family's own folder
-FAMILY_CLASSES = ("DFlashDrafter", "DFlashConfig", "Eagle3Drafter", "Eagle3Config")
+FAMILY_CLASSES = ("DFlashDrafter", "DFlashConfig", "Eagle3Drafter", "Eagle3Config", "MtpDrafter")
+FAMILY_NAMES = ("dflash", "eagle3", "mtp")
 
 
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -150,7 +151,7 @@ def test_drafter_families_are_told_apart_only_in_their_table(path: Path) -> None
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
             told_apart += [n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name) and n.id in FAMILY_CLASSES]
         if isinstance(node, ast.Compare) and any(
-            isinstance(c, ast.Constant) and c.value in ("dflash", "eagle3") for c in [node.left, *node.comparators]
+            isinstance(c, ast.Constant) and c.value in FAMILY_NAMES for c in [node.left, *node.comparators]
         ):
             told_apart.append(ast.unparse(node))
     assert not told_apart, f"{path.name} tells drafter families apart itself: {told_apart}"

@@ -65,12 +65,14 @@ def hidden_body(
 
 
 def heads_body(target: Target) -> bytes:
-    """The safetensors body of a target's embed_tokens and lm_head, and its final norm's weight and eps when
-    that is a plain RMSNorm (the service builds it once)."""
+    """The safetensors body of a target's embed_tokens and lm_head, and its final norm's weight, eps and kind
+    (`final_norm_kind`: "rmsnorm" or "rmsnorm_zero_centered") when it is an RMSNorm the cache serves (the
+    service builds it once)."""
     heads = target.heads
     tensors = {EMBED_TENSOR: heads.embed.contiguous(), LM_HEAD_TENSOR: heads.lm_head.contiguous().clone()}  # tied?
     metadata = {"model_fingerprint": target.info.fingerprint, "dtype": dtype_name(heads.embed.dtype)}
     if heads.final_norm is not None:
         tensors[FINAL_NORM_TENSOR] = heads.final_norm.weight.contiguous()
         metadata["final_norm_eps"] = repr(heads.final_norm.eps)
+        metadata["final_norm_kind"] = heads.final_norm.kind
     return save(tensors, metadata=metadata)

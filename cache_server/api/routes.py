@@ -147,8 +147,9 @@ def layers_usage(
     response_class=Response,
     responses=_binary(
         SAFETENSORS,
-        "safetensors: embed_tokens.weight and lm_head.weight, both [V, H], and "
-        "norm.weight [H] (metadata final_norm_eps) when the final norm is a plain RMSNorm",
+        "safetensors: embed_tokens.weight and lm_head.weight, both [V, H], and norm.weight [H] when the final "
+        "norm is an RMSNorm the cache serves, with metadata final_norm_eps and final_norm_kind: rmsnorm "
+        "(weight * x / rms(x)) or rmsnorm_zero_centered ((1 + weight) * x / rms(x)); absent means rmsnorm",
     ),
 )
 async def target_heads(tensors: TensorsDep) -> Response:

@@ -18,9 +18,22 @@ from cache_server.sampling import filtered_logits
 from schemas.sampling import SamplingParams
 
 # Final norms computed exactly as `weight * x / sqrt(mean(x^2) + eps)` (x in fp32, cast back before the weight).
-PLAIN_RMSNORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "MistralRMSNorm"}
+PLAIN_RMSNORMS = {
+    "LlamaRMSNorm",
+    "Qwen2RMSNorm",
+    "Qwen3RMSNorm",
+    "Qwen3MoeRMSNorm",
+    "MistralRMSNorm",
+    "DeepseekV3RMSNorm",
+}
+# Final norms computed as `(1 + weight) * x / sqrt(mean(x^2) + eps)` all in fp32, cast back at the end
+# (Gemma-style: the weight is stored zero-centred).
+ZERO_CENTERED_RMSNORMS = {"Qwen3NextRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm"}
 # The model types whose final norm is one of those (what a checkpoint says without building the model).
-PLAIN_RMSNORM_MODEL_TYPES = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral"}
+PLAIN_RMSNORM_MODEL_TYPES = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "deepseek_v3"}
+ZERO_CENTERED_RMSNORM_MODEL_TYPES = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
+# `final_norm_kind` on the wire (`GET /target/heads`).
+PLAIN_KIND, ZERO_CENTERED_KIND = "rmsnorm", "rmsnorm_zero_centered"
 EMBED_KEY, LM_HEAD_KEY, NORM_KEY = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
 # Positions per lm_head chunk when checking responses: 1024 x 152k vocab fp32 = 0.6 GB.
 _ARGMAX_ROWS = 1024
@@ -28,22 +41,33 @@ _ARGMAX_ROWS = 1024
 
 @dataclass(frozen=True)
 class FinalNorm:
-    """The target's final RMSNorm: `weight * x / sqrt(mean(x^2) + eps)`."""
+    """The target's final RMSNorm: `weight * x / sqrt(mean(x^2) + eps)`, or with `zero_centered`
+    `(1 + weight) * x / sqrt(mean(x^2) + eps)` (Qwen3-Next, Qwen3.5)."""
 
     weight: torch.Tensor  # [H] on CPU, the target dtype
     eps: float
+    zero_centered: bool = False
+
+    @property
+    def kind(self) -> str:
+        """Its `final_norm_kind` on the wire: "rmsnorm" or "rmsnorm_zero_centered"."""
+        return ZERO_CENTERED_KIND if self.zero_centered else PLAIN_KIND
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[T, H] raw last-layer output -> normed, as transformers' RMSNorm computes it (fp32 inside)."""
+        """[T, H] raw last-layer output -> normed, as transformers' norm of that kind computes it: the
+        plain one casts back to the input dtype before the weight, the zero-centred one after it."""
         x = hidden.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight.to(hidden.device) * x.to(hidden.dtype)
+        weight = self.weight.to(hidden.device)
+        if self.zero_centered:
+            return (x * (1.0 + weight.float())).to(hidden.dtype)
+        return weight * x.to(hidden.dtype)
 
 
 @dataclass(frozen=True)
 class Heads:
-    """embed_tokens [V, H], lm_head [V, H] (the same tensor when tied) and the final norm when it is a
-    plain RMSNorm (None for any other norm), on CPU in the target dtype."""
+    """embed_tokens [V, H], lm_head [V, H] (the same tensor when tied) and the final norm when it is an
+    RMSNorm of a kind `FinalNorm` computes (None for any other norm), on CPU in the target dtype."""
 
     embed: torch.Tensor
     lm_head: torch.Tensor
@@ -58,6 +82,8 @@ class Heads:
         final_norm = None
         if norm is not None and type(norm).__name__ in PLAIN_RMSNORMS:
             final_norm = FinalNorm(norm.weight.detach().to("cpu"), float(norm.variance_epsilon))
+        elif norm is not None and type(norm).__name__ in ZERO_CENTERED_RMSNORMS:
+            final_norm = FinalNorm(norm.weight.detach().to("cpu"), float(norm.eps), zero_centered=True)
         return cls(embed, lm_head, final_norm)
 
     @classmethod
@@ -69,9 +95,10 @@ class Heads:
         tied = bool(getattr(cfg, "tie_word_embeddings", False))
         wanted = [EMBED_KEY, NORM_KEY] + ([] if tied else [LM_HEAD_KEY])
         tensors = {k: v.to(dtype) for k, v in _read_tensors(model_dir, wanted).items()}
-        final_norm = None
-        if getattr(text, "model_type", None) in PLAIN_RMSNORM_MODEL_TYPES:
-            final_norm = FinalNorm(tensors[NORM_KEY], float(text.rms_norm_eps))
+        model_type, final_norm = getattr(text, "model_type", None), None
+        if model_type in PLAIN_RMSNORM_MODEL_TYPES or model_type in ZERO_CENTERED_RMSNORM_MODEL_TYPES:
+            zero_centered = model_type in ZERO_CENTERED_RMSNORM_MODEL_TYPES
+            final_norm = FinalNorm(tensors[NORM_KEY], float(text.rms_norm_eps), zero_centered)
         embed = tensors[EMBED_KEY]
         return cls(embed, embed if tied else tensors[LM_HEAD_KEY], final_norm)
 
@@ -79,9 +106,11 @@ class Heads:
         self, last_layer: torch.Tensor, tokens: torch.Tensor, prompt_len: int, sampling: SamplingParams | None
     ) -> int:
         """Response misses (`response_misses`) from the last layer's raw output [T, H]; ValueError when
-        the final norm is not a plain RMSNorm (the check would not be the target's)."""
+        the final norm is not an RMSNorm the cache serves (the check would not be the target's)."""
         if self.final_norm is None:
-            raise ValueError("the target's final norm is not a plain RMSNorm: responses cannot be checked from states")
+            raise ValueError(
+                "the target's final norm is not an RMSNorm the cache serves: responses cannot be checked from states"
+            )
         return response_misses(self.final_norm(last_layer), tokens, prompt_len, sampling, self.lm_head)
 
 

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from cache_server.client.cache import CacheClient
 from cache_server.client.errors import ProtocolError
+from schemas.eval_spec import EvalSpec
 from schemas.jobs import (
     Claim,
     ClaimRequest,
@@ -23,7 +24,6 @@ from schemas.jobs import (
     RenewRequest,
 )
 from schemas.report import EvalReport
-from schemas.sampling import DraftSampling
 
 _FINISHED = (JobStatus.done, JobStatus.failed)
 
@@ -43,32 +43,16 @@ class JobsClient:
     # -- submitting and watching ----------------------------------------------------------------
 
     def submit(
-        self,
-        checkpoint: str,
-        prompts: Literal["all"] | Sequence[str] = "all",
-        tree_budgets: Sequence[int] = (),
-        target_layer_ids: Sequence[int] | None = None,
-        block_size: int | None = None,
-        *,
-        steps: int | None = None,
-        eagle_trees: Sequence[str] = (),
-        layer_convention: Literal["layer_input", "decoder_output_0based"] | None = None,
-        sets: Sequence[str] = (),
-        draft_sampling: DraftSampling = "greedy",
+        self, checkpoint: str, prompts: Literal["all"] | Sequence[str] = "all", spec: EvalSpec | None = None
     ) -> JobState:
-        """Queue an evaluation of `checkpoint` (a path under the server's --checkpoint-root); `steps`,
-        `eagle_trees` and `layer_convention` apply to EAGLE-3 checkpoints."""
-        body = JobSubmit(
-            checkpoint=checkpoint,
-            prompts=prompts if prompts == "all" else list(prompts),
-            tree_budgets=list(tree_budgets),
-            target_layer_ids=list(target_layer_ids) if target_layer_ids is not None else None,
-            block_size=block_size,
-            steps=steps,
-            eagle_trees=list(eagle_trees),
-            layer_convention=layer_convention,
-            sets=list(sets),
-            draft_sampling=draft_sampling,
+        """Queue an evaluation of `checkpoint` (a path under the server's --checkpoint-root) on `prompts`,
+        measuring what `spec` asks (default: the chain, greedy drafting, the checkpoint's own options)."""
+        body = JobSubmit.model_validate(
+            {
+                **(spec or EvalSpec()).model_dump(),
+                "checkpoint": checkpoint,
+                "prompts": prompts if prompts == "all" else list(prompts),
+            }
         )
         return self._state("POST", "/jobs", json=body.model_dump(mode="json", exclude_none=True))
 

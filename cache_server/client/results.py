@@ -42,26 +42,39 @@ class HiddenResult:
         return as_tensor(self.hidden), as_tensor(self.token_ids)
 
 
+# `final_norm_kind` in a `GET /target/heads` body; a body without it is from a server that served plain ones only.
+PLAIN_NORM_KIND, ZERO_CENTERED_NORM_KIND = "rmsnorm", "rmsnorm_zero_centered"
+
+
 @dataclass(frozen=True)
 class TargetHeads:
-    """The target's input embedding and output head, both [V, H], and the target they belong to."""
+    """The target's input embedding and output head, both [V, H], the target they belong to, and its final
+    RMSNorm when the server serves it: weight [H] and eps, applied as `weight * x / rms(x)` or, when
+    `final_norm_zero_centered`, as `(1 + weight) * x / rms(x)`."""
 
     embed_tokens: np.ndarray
     lm_head: np.ndarray
     fingerprint: str
-    final_norm: np.ndarray | None = None  # [H], when the target's final norm is a plain RMSNorm
+    final_norm: np.ndarray | None = None  # [H], when the target's final norm is an RMSNorm the cache serves
     final_norm_eps: float | None = None
+    final_norm_zero_centered: bool = False
 
     @classmethod
     def from_body(cls, tensors: Mapping[str, np.ndarray], meta: Mapping[str, str]) -> TargetHeads:
-        """The heads in a `GET /target/heads` body (KeyError names what it lacks)."""
-        eps = meta.get("final_norm_eps")
+        """The heads in a `GET /target/heads` body (KeyError names what it lacks). A final norm of a kind this
+        client does not know is left out, as a server that does not serve it would: applying it as another
+        kind would give wrong distributions."""
+        eps, kind = meta.get("final_norm_eps"), meta.get("final_norm_kind", PLAIN_NORM_KIND)
+        norm = tensors.get(FINAL_NORM_TENSOR)
+        if norm is None or eps is None or kind not in (PLAIN_NORM_KIND, ZERO_CENTERED_NORM_KIND):
+            return cls(tensors[EMBED_TENSOR], tensors[LM_HEAD_TENSOR], meta["model_fingerprint"])
         return cls(
             tensors[EMBED_TENSOR],
             tensors[LM_HEAD_TENSOR],
             meta["model_fingerprint"],
-            tensors.get(FINAL_NORM_TENSOR),
-            float(eps) if eps is not None else None,
+            norm,
+            float(eps),
+            kind == ZERO_CENTERED_NORM_KIND,
         )
 
     def to_torch(self) -> tuple[torch.Tensor, torch.Tensor]:

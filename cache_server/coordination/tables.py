@@ -62,14 +62,17 @@ JOBS = Table(
     Column("checkpoint", Text, nullable=False),
     Column("checkpoint_relative", Text, nullable=False),
     Column("prompts", Text, nullable=False),  # JSON: "all" or a list of prompt ids
-    Column("tree_budgets", Text, nullable=False),  # JSON list
-    Column("target_layer_ids", Text),  # JSON list or NULL
+    Column("spec", Text, nullable=False, server_default="{}"),  # the job's EvalSpec JSON, every field written
+    # The options one column each, as versions before 7 stored them: read once by the migration to 7
+    # (into `spec`), unused since; kept because SQLite before 3.35 cannot drop a column.
+    Column("tree_budgets", Text, nullable=False, server_default="[]"),
+    Column("target_layer_ids", Text),
     Column("block_size", Integer),
-    Column("steps", Integer),  # EAGLE-3 chain length or NULL
-    Column("eagle_trees", Text, nullable=False, server_default="[]"),  # JSON list of "TOPK,DEPTH,TOTAL"
+    Column("steps", Integer),
+    Column("eagle_trees", Text, nullable=False, server_default="[]"),
     Column("layer_convention", Text),
-    Column("sets", Text, nullable=False, server_default="[]"),  # JSON list of prompt set names
-    Column("draft_sampling", Text, nullable=False, server_default="greedy"),  # greedy | probabilistic
+    Column("sets", Text, nullable=False, server_default="[]"),
+    Column("draft_sampling", Text, nullable=False, server_default="greedy"),
     Column("target_fingerprint", Text),
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("max_attempts", Integer, nullable=False),

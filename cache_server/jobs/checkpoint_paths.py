@@ -1,4 +1,5 @@
-"""Where a submitted checkpoint may live: resolved inside the checkpoint root, and shaped like one.
+"""Where a submitted checkpoint may live: resolved inside the checkpoint root, and shaped like one; and
+the drafter config a job may give beside a torch.save file, a file inside the same root.
 
 Containment is checked on real paths (symlinks followed, `..` collapsed), so neither `../x` nor a
 symlink inside the root that points out gets through. Only the outline is checked here; the worker
@@ -23,10 +24,10 @@ class CheckpointPath:
     relative: Path  # relative to the root's real path
 
 
-def _inside(real: Path, root: Path, given: str) -> None:
+def _inside(real: Path, root: Path, given: str, what: str = "checkpoint") -> None:
     if not real.is_relative_to(root):
         raise InvalidCheckpointPath(
-            f"checkpoint {given!r} resolves outside the checkpoint root {root} "
+            f"{what} {given!r} resolves outside the checkpoint root {root} "
             "(paths are relative to the root; '..' and symlinks may not leave it)"
         )
 
@@ -50,6 +51,22 @@ def resolve_checkpoint(root: Path, given: str) -> CheckpointPath:
     except OSError as e:  # a name too long for the file system, a loop of symlinks, ...
         raise InvalidCheckpointPath(f"checkpoint path {given[:200]!r} cannot be resolved: {e.strerror}") from None
     return CheckpointPath(real, real.relative_to(real_root))
+
+
+def resolve_config(root: Path, given: str) -> Path:
+    """A job's drafter config (relative to `root`, or absolute) as a regular file inside `root`, real and
+    absolute, or InvalidCheckpointPath; the worker reads and checks its contents."""
+    if "\x00" in given or not given.strip():
+        raise InvalidCheckpointPath(f"config path {given!r} is empty or holds a NUL byte")
+    real_root = Path(os.path.realpath(root))
+    try:
+        real = Path(os.path.realpath(real_root / given))
+        _inside(real, real_root, given, "config")
+        if not real.is_file():
+            raise InvalidCheckpointPath(f"config {given!r} is not a file under {real_root}")
+    except OSError as e:
+        raise InvalidCheckpointPath(f"config path {given[:200]!r} cannot be resolved: {e.strerror}") from None
+    return real
 
 
 def _check_hf_dir(real: Path, root: Path, given: str) -> None:

@@ -1,4 +1,5 @@
-"""Checks a job submission against the server before it is queued: checkpoint path, prompts, layers."""
+"""Checks a job submission against the server before it is queued: checkpoint and config paths, prompts,
+layers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cache_server.errors import InvalidLayers, InvalidRequest, JobsDisabled, UnknownPrompts, UnknownSets
-from cache_server.jobs.checkpoint_paths import resolve_checkpoint
+from cache_server.jobs.checkpoint_paths import resolve_checkpoint, resolve_config
 from schemas.jobs import JobSubmit
 from schemas.layers import layer_list_problem
 from schemas.sampling import trees_problem
@@ -19,7 +20,7 @@ _SHOWN = 20  # unknown ids named in a message
 class CheckedJob:
     """A submission that may be queued, and its checkpoint's path relative to the root."""
 
-    spec: JobSubmit  # with `checkpoint` replaced by its resolved absolute path
+    spec: JobSubmit  # with `checkpoint` (and `config`) replaced by the resolved absolute paths
     checkpoint_relative: str
 
 
@@ -40,6 +41,9 @@ def check_submission(
             "(or CACHE_SERVER_CHECKPOINT_ROOT) to evaluate checkpoints under DIR"
         )
     checkpoint = resolve_checkpoint(root, spec.checkpoint)
+    resolved = {"checkpoint": str(checkpoint.path)}
+    if spec.config is not None:
+        resolved["config"] = str(resolve_config(root, spec.config))
     if isinstance(spec.prompts, list):
         unknown = [p for p in spec.prompts if not is_registered(p)]
         if unknown:
@@ -55,7 +59,7 @@ def check_submission(
         problem = layer_list_problem(spec.target_layer_ids, num_layers)
         if problem is not None:
             raise InvalidLayers(f"target_layer_ids: {problem}")
-    problem = trees_problem(bool(spec.tree_budgets or spec.eagle_trees), settings_of(spec))
+    problem = trees_problem(spec.asks_trees, settings_of(spec))
     if problem is not None:
         raise InvalidRequest(problem)
-    return CheckedJob(spec.model_copy(update={"checkpoint": str(checkpoint.path)}), checkpoint.relative.as_posix())
+    return CheckedJob(spec.model_copy(update=resolved), checkpoint.relative.as_posix())

@@ -59,7 +59,8 @@ class JobStore:
     # -- submission and reads -------------------------------------------------------------------
 
     def submit(self, spec: JobSubmit, *, checkpoint_relative: str, target_fingerprint: str | None = None) -> JobState:
-        """Queue a job; `spec.checkpoint` must already be the resolved path the worker will open."""
+        """Queue a job; `spec.checkpoint` (and `spec.config`) must already be the resolved paths the worker
+        will open."""
         job_id = uuid.uuid4().hex
         with self.db.transaction(ordered=True) as c:
             seq = max_seq(c, JOBS.c.seq) + 1
@@ -71,14 +72,8 @@ class JobStore:
                     checkpoint=spec.checkpoint,
                     checkpoint_relative=checkpoint_relative,
                     prompts=json.dumps(spec.prompts),
-                    tree_budgets=json.dumps(spec.tree_budgets),
-                    target_layer_ids=json.dumps(spec.target_layer_ids) if spec.target_layer_ids is not None else None,
-                    block_size=spec.block_size,
-                    steps=spec.steps,
-                    eagle_trees=json.dumps(spec.eagle_trees),
-                    layer_convention=spec.layer_convention,
-                    sets=json.dumps(spec.sets),
-                    draft_sampling=spec.draft_sampling,
+                    spec=spec.eval_spec().model_dump_json(),  # every field: read back as it was asked
+                    tree_budgets="[]",  # unused since version 7, but NOT NULL without a default in older tables
                     target_fingerprint=target_fingerprint,
                     max_attempts=self.max_attempts,
                     created_at=self._now(),

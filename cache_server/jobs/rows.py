@@ -1,4 +1,4 @@
-"""A `jobs` row read back as the wire's `JobState`."""
+"""A `jobs` row read back as the wire's `JobState` (its options: the `spec` column's `EvalSpec`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cache_server.coordination.tables import JOBS
+from schemas.eval_spec import EvalSpec
 from schemas.jobs import JobState, JobStatus
 
 STATE_COLUMNS = [JOBS.c[name] for name in (
-    "job_id", "status", "checkpoint", "checkpoint_relative", "prompts", "tree_budgets", "target_layer_ids",
-    "block_size", "steps", "eagle_trees", "layer_convention", "sets", "draft_sampling", "target_fingerprint",
+    "job_id", "status", "checkpoint", "checkpoint_relative", "prompts", "spec", "target_fingerprint",
     "attempts", "max_attempts", "worker", "created_at", "started_at", "finished_at", "lease_expires_at", "error",
 )]  # fmt: skip
 
@@ -29,14 +29,7 @@ def job_state(row: Mapping[Any, Any]) -> JobState:
         checkpoint=row["checkpoint"],
         checkpoint_relative=row["checkpoint_relative"],
         prompts=json.loads(row["prompts"]),
-        tree_budgets=json.loads(row["tree_budgets"]),
-        target_layer_ids=json.loads(row["target_layer_ids"]) if row["target_layer_ids"] else None,
-        block_size=row["block_size"],
-        steps=row["steps"],
-        eagle_trees=json.loads(row["eagle_trees"]),
-        layer_convention=row["layer_convention"],
-        sets=json.loads(row["sets"]),
-        draft_sampling=row["draft_sampling"],
+        spec=EvalSpec.model_validate_json(row["spec"]),
         target_fingerprint=row["target_fingerprint"],
         attempts=row["attempts"],
         max_attempts=row["max_attempts"],

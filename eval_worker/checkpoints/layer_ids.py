@@ -9,7 +9,7 @@ from typing import Literal
 from eval_worker.errors import CheckpointRefused
 from schemas.layers import CheckpointLayerConvention, layer_list_problem
 
-LayerIdsSource = Literal["checkpoint", "default", "inferred", "override"]
+LayerIdsSource = Literal["checkpoint", "default", "inferred", "override", "family"]
 LayerConvention = CheckpointLayerConvention
 ConventionSource = Literal["layout", "override"]
 

@@ -4,26 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from torch import nn
 
-from eval_worker.checkpoints.layer_ids import LayerConvention, LayerIdsSource, ResolvedLayerIds
+from eval_worker.checkpoints.layer_ids import LayerIdsSource, ResolvedLayerIds
 from eval_worker.checkpoints.raw import CheckpointFormat
+from schemas.eval_spec import DrafterFamilyName, FamilyOptions
 
-Family = Literal["dflash", "eagle3"]
+Family = DrafterFamilyName
 
 
 @dataclass(frozen=True)
 class LoadRequest:
     """What a user supplies beside a checkpoint: layer ids (decoder outputs) for one that names none,
-    a DFlash block length to draft instead of the config's, the convention to read EAGLE-3 ids in, a
-    DFlash mask token for a config that names none. A family refuses what does not apply to it."""
+    the family's own options (`EvalSpec.family_options`: a DFlash block length or mask token, the
+    convention to read EAGLE-3 ids in, ...; a block of another family is refused before loading), and
+    config keys to accept as inert."""
 
     layer_ids: tuple[int, ...] | None = None
-    block_size: int | None = None
-    layer_convention: LayerConvention | None = None
-    mask_token_id: int | None = None
+    options: FamilyOptions | None = None
+    inert_config_keys: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,14 @@ class LoadedCheckpoint:
     family: Family
     layout: str  # "dflash", or the EAGLE-3 layout: "eagle" | "specforge" | "speculators"
     config: object  # the family's own config class: only its folder reads it
-    drafter: nn.Module  # the family's drafter, with an `fc` over the concatenated taps
+    drafter: nn.Module  # the family's drafter, reading the concatenated taps
     layer_ids: ResolvedLayerIds
     step: int | None
     epoch: int | None
     tap_width: int  # one target layer's features as the drafter reads them (the target's hidden size)
+    options: FamilyOptions  # the family's options the walks read (the request's, else the family's defaults)
+    inert_config_keys: tuple[str, ...] = ()  # config keys present and accepted as inert by request
+    warnings: tuple[str, ...] = ()  # what loading accepted but a reader should know (in the report)
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:

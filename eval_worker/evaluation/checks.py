@@ -20,15 +20,14 @@ def check_heads(heads: TargetHeads, info: ModelInfo) -> None:
 
 
 def check_features(features: Features, prompt_id: str, fingerprint: str, checkpoint: LoadedCheckpoint) -> None:
-    """The served features are the requested layers of the whole sequence of this target, and as
-    wide as the checkpoint's fc (CheckpointRefused otherwise, naming the shapes and layers)."""
+    """The served features are the requested layers of the whole sequence of this target, each as wide
+    as the drafter reads one (CheckpointRefused otherwise, naming the shapes and layers)."""
     meta, hidden, layers = features.metadata, features.hidden, list(checkpoint.target_layer_ids)
-    fc_shape = list(checkpoint.drafter.get_parameter("fc.weight").shape)
-    fc_width = fc_shape[1]
-    if hidden.dim() != 2 or hidden.shape[1] != fc_width:
+    width = len(layers) * checkpoint.tap_width
+    if hidden.dim() != 2 or hidden.shape[1] != width:
         raise CheckpointRefused(
-            f"prompt {prompt_id}: served features have shape {list(hidden.shape)}, but fc.weight "
-            f"{fc_shape} needs width {fc_width} for layers {layers}"
+            f"prompt {prompt_id}: served features have shape {list(hidden.shape)}, but the drafter reads "
+            f"{len(layers)} layers {layers} of width {checkpoint.tap_width}: {width} per token"
         )
     if meta.layers != layers:
         raise FeatureMismatch(f"prompt {prompt_id}: requested layers {layers}, the cache served {meta.layers}")

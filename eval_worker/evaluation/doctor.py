@@ -14,16 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from cache_server.client import CacheClient, HiddenResult, TargetHeads
 from cache_server.torch_utils import as_numpy
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
-from eval_worker.checkpoints.loading import load_checkpoint
+from eval_worker.checkpoints.loading import load_with_spec
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.evaluation.sweep import evaluate_checkpoints, select_prompts
+from eval_worker.evaluation.walk_types import TargetNorm
 from eval_worker.settings import EvaluateSettings
+from schemas.eval_spec import EvalSpec
 from schemas.model import ModelInfo
 
 # Another reading is "clearly higher" when its chain tau beats the declared one by both margins.
@@ -56,10 +56,10 @@ class NormedLayer:
     `hidden_states` entry holds it, and every other layer as served."""
 
     def __init__(self, source: FeatureSource, layer: int, heads: TargetHeads) -> None:
-        if heads.final_norm is None or heads.final_norm_eps is None:
-            raise ValueError("the server's target has no plain RMSNorm as its final norm")
-        self.source, self.layer, self.eps = source, layer, heads.final_norm_eps
-        self.weight = torch.from_numpy(heads.final_norm.copy())
+        norm = TargetNorm.served(heads)
+        if norm is None:
+            raise ValueError("the server's target has no final norm the cache serves (an RMSNorm)")
+        self.source, self.layer, self.norm = source, layer, norm
 
     def model(self) -> ModelInfo:
         """The source's target."""
@@ -70,18 +70,16 @@ class NormedLayer:
         return self.source.heads()
 
     def hidden(self, prompt_id: str, layers: Sequence[int]) -> HiddenResult:
-        """The source's features, `layer`'s columns normed as the target's final norm does (fp32, then the
-        served dtype, then the weight)."""
+        """The source's features, `layer`'s columns normed as the target's final norm does (`TargetNorm`, its
+        weight in the served features' dtype)."""
         result = self.source.hidden(prompt_id, layers)
         if self.layer not in layers:
             return result
         hidden, _ = result.to_torch()
         width, slot = hidden.shape[1] // len(layers), list(layers).index(self.layer)
         cols = slice(slot * width, (slot + 1) * width)
-        x = hidden[:, cols].float()
-        normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(hidden.dtype)
         out = hidden.clone()
-        out[:, cols] = self.weight.to(hidden.dtype) * normed
+        out[:, cols] = self.norm.to(hidden.device, hidden.dtype)(hidden[:, cols])
         return dataclasses.replace(result, hidden=as_numpy(out))
 
 
@@ -91,13 +89,13 @@ def doctor(
     settings: EvaluateSettings,
     *,
     limit: int,
-    config_path: Path | None = None,
-    mask_token_id: int | None = None,
+    spec: EvalSpec | None = None,
 ) -> list[Reading]:
     """The declared reading first, then each shifted one the target's layers allow, then the normed last
-    layer when the checkpoint reads the last layer and the target's final norm is known."""
+    layer when the checkpoint reads the last layer and the target's final norm is known (the checkpoint
+    loaded as `spec` says: its config file, inert keys, family options)."""
     info = client.model()
-    loaded = load_checkpoint(checkpoint, info, config_path=config_path, mask_token_id=mask_token_id)
+    loaded = load_with_spec(checkpoint, info, spec or EvalSpec())
     declared = loaded.target_layer_ids
     shifts = [s for s in (-1, +1) if all(0 <= k + s < info.num_layers for k in declared)]
     variants = [loaded, *(_shifted(loaded, s) for s in shifts)]

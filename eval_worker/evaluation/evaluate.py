@@ -24,9 +24,9 @@ from eval_worker.evaluation.checks import check_features, check_heads
 from eval_worker.evaluation.feature_cache import FeatureCache, Fetched
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
-from eval_worker.evaluation.prompt_walks import DeviceHeads, fetch_layers, serve_prompt, walk_checkpoint
+from eval_worker.evaluation.prompt_walks import fetch_layers, serve_prompt, walk_checkpoint
 from eval_worker.evaluation.source import FeatureSource
-from eval_worker.evaluation.walk_types import DraftCost
+from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost
 from eval_worker.families import FAMILIES
 from eval_worker.scoring.summary import by_set, summarize_set
 from schemas.model import ModelInfo
@@ -40,6 +40,7 @@ _WHY = {
     "default": "default - the EAGLE-3 taps (layer inputs 2, L//2, L-3), the checkpoint names no layers",
     "inferred": "inferred - DFlash tap formula on fc.weight's width, the checkpoint names no layers",
     "override": "override - given explicitly, the checkpoint names no layers",
+    "family": "family - the layers the family's drafters always read",
 }
 
 
@@ -203,10 +204,12 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
         feature_cache_hits=run.cache_hits,
         seconds=EvalSeconds(fetch=run.fetch_s, draft=run.cost.draft_s, walk=run.cost.walk_s),
     )
-    fields = FAMILIES[checkpoint.family].report_fields(checkpoint, opts)
+    # the trees walked, in the options' order: every greedy prompt has each (sampled ones have none)
+    budgets = list(dict.fromkeys(b for r in results for b in r.trees))
+    shapes = list(dict.fromkeys(k for r in results for k in r.eagle_trees))
     summary = EvalSummary(
-        **dict(summarize_set(results, fields.tree_budgets, fields.eagle_trees)),
-        by_set=by_set(results, run.sets, fields.tree_budgets, fields.eagle_trees),
+        **dict(summarize_set(results, budgets, shapes)),
+        by_set=by_set(results, run.sets, budgets, shapes),
         prompts_not_target_greedy=len(not_greedy),
         generators=dict(Counter(r.generator or "unknown" for r in results)),
         captures=dict(Counter(r.capture or "unknown" for r in results)),
@@ -230,13 +233,10 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
         checkpoint_layer_ids=list(ids.checkpoint_ids) if ids.checkpoint_ids is not None else None,
         checkpoint_layer_convention=ids.convention,
         layer_convention_source=ids.convention_source,
-        block_size=fields.block_size,
-        mask_token_id=fields.mask_token_id,
-        steps=fields.steps,
-        draft_vocab_size=fields.draft_vocab_size,
-        tree_budgets=fields.tree_budgets,
-        eagle_trees=fields.eagle_trees,
+        drafting=FAMILIES[checkpoint.family].report_fields(checkpoint),
         draft_sampling=["greedy", "probabilistic"] if opts.draft_sampling == "probabilistic" else ["greedy"],
+        inert_config_keys=list(checkpoint.inert_config_keys),
+        warnings=list(checkpoint.warnings),
         device=str(opts.device),
         dtype=dtype_name(opts.dtype),
         prompts=results,

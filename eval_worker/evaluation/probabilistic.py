@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cache_server.sampling import target_probs
-from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, TargetNorm
 from eval_worker.scoring.rejection import expected_rounds
 from schemas.report import ExpectedRounds
 from schemas.sampling import SamplingParams
@@ -39,13 +39,10 @@ LOGIT_ELEMENTS = 1 << 26  # floats of full-vocab logits held at once (256 MB in 
 PAST_END = -1  # a cell with no reference token left (and, in draft ids, a token outside the draft vocab)
 
 
-def target_logits(last_layer: Tensor, lm_head: Tensor, final_norm: tuple[Tensor, float]) -> Tensor:
+def target_logits(last_layer: Tensor, lm_head: Tensor, final_norm: TargetNorm) -> Tensor:
     """The last decoder layer's raw output [N, H] -> the target's logits [N, V] in fp32:
-    lm_head(RMSNorm(x)), the norm as HF computes it (variance in fp32, the weight in the input dtype)."""
-    weight, eps = final_norm
-    x = last_layer.to(torch.float32)
-    normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(last_layer.dtype)
-    return F.linear((weight.to(lm_head.device) * normed).to(lm_head.dtype), lm_head).float()
+    lm_head(final_norm(x)), the norm as transformers computes it (`TargetNorm`)."""
+    return F.linear(final_norm(last_layer.to(lm_head.device)).to(lm_head.dtype), lm_head).float()
 
 
 def path_target_probs(
@@ -54,7 +51,7 @@ def path_target_probs(
     prompt_len: int,
     params: SamplingParams,
     lm_head: Tensor,
-    final_norm: tuple[Tensor, float],
+    final_norm: TargetNorm,
     cost: DraftCost,
 ) -> Tensor:
     """p_T(y[i + 1]) for i = prompt_len .. T-2, from last-layer rows [T, H] -> fp64 [A] (A = T-1-prompt_len).
@@ -145,7 +142,7 @@ def expected_chains(
     last_layers: Sequence[Tensor],
     sampling: Sequence[SamplingParams],
     lm_head: Tensor,
-    final_norm: tuple[Tensor, float],
+    final_norm: TargetNorm,
     cost: DraftCost,
 ) -> list[ExpectedRounds]:
     """Each prompt's expected rounds from its drafted cells and the target's p_T along its response

@@ -9,44 +9,16 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
-from cache_server.client import TargetHeads
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
-from eval_worker.errors import FeatureMismatch
 from eval_worker.evaluation.feature_cache import Features
 from eval_worker.evaluation.options import EvalOptions
-from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, Walked
+from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost, PromptFeatures, Walked
 from eval_worker.families import FAMILIES
 from eval_worker.scoring.summary import round_taus
 from schemas.report import ExpectedRounds, PromptEval, RoundTaus
 from schemas.sampling import GREEDY
-
-
-@dataclass(frozen=True)
-class DeviceHeads:
-    """The target's heads on the drafter's device: embedding and lm_head [V, H], and its final RMSNorm
-    (weight [H], eps) when probabilistic drafting needs the target's distribution."""
-
-    embed: Tensor
-    lm_head: Tensor
-    final_norm: tuple[Tensor, float] | None
-
-    @classmethod
-    def of(cls, heads: TargetHeads, opts: EvalOptions) -> DeviceHeads:
-        """`heads` on `opts`' device and dtype; FeatureMismatch when probabilistic drafting is asked of a
-        target whose final norm the cache does not serve (it is not a plain RMSNorm)."""
-        embed, lm_head = (t.to(opts.device, opts.dtype) for t in heads.to_torch())
-        if opts.draft_sampling != "probabilistic":
-            return cls(embed, lm_head, None)
-        if heads.final_norm is None or heads.final_norm_eps is None:
-            raise FeatureMismatch(
-                "probabilistic drafting needs the target's distribution, lm_head(norm(last layer)), and this "
-                "target's final norm is not a plain RMSNorm the cache serves: use --draft-sampling greedy"
-            )
-        weight = torch.from_numpy(heads.final_norm.copy()).to(opts.device, opts.dtype)
-        return cls(embed, lm_head, (weight, heads.final_norm_eps))
 
 
 def fetch_layers(layers: Sequence[int], num_layers: int, opts: EvalOptions) -> list[int]:
@@ -111,7 +83,7 @@ def walk_checkpoint(
         if not part:
             continue
         walk_opts = opts.chain_only if sampled else opts
-        walked = family.walk(checkpoint, [s.prompt for s in part], heads.embed, heads.lm_head, walk_opts, cost)
+        walked = family.walk(checkpoint, [s.prompt for s in part], heads, walk_opts, cost)
         chains = [round_taus(rounds.chain) for rounds in walked]
         expected: Sequence[ExpectedRounds | None] = [None] * len(part)
         if opts.draft_sampling == "probabilistic":
@@ -152,10 +124,9 @@ def _expected(
     checkpoint: LoadedCheckpoint, part: Sequence[ServedPrompt], heads: DeviceHeads, opts: EvalOptions, cost: DraftCost
 ) -> list[ExpectedRounds]:
     lasts = [s.last for s in part]
-    if heads.final_norm is None or any(last is None for last in lasts):  # fetch_layers and DeviceHeads.of
-        raise RuntimeError("probabilistic drafting without the target's last layer or final norm")
+    if any(last is None for last in lasts):  # fetch_layers fetched it
+        raise RuntimeError("probabilistic drafting without the target's last layer")
     rows = [last.to(opts.device) for last in lasts if last is not None]
     sampling = [s.features.metadata.sampling_params or GREEDY for s in part]
     prompts = [s.prompt for s in part]
-    expected = FAMILIES[checkpoint.family].expected
-    return expected(checkpoint, prompts, rows, sampling, heads.embed, heads.lm_head, heads.final_norm, opts, cost)
+    return FAMILIES[checkpoint.family].expected(checkpoint, prompts, rows, sampling, heads, opts, cost)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -13,22 +14,20 @@ from tqdm import tqdm
 
 from cache_server.client import CacheClient
 from cache_server.torch_utils import TORCH_DTYPES, resolve_device
-from eval_worker.checkpoints.layer_ids import LayerConvention
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
-from eval_worker.checkpoints.loading import load_checkpoint
+from eval_worker.checkpoints.loaded import Family, LoadedCheckpoint
+from eval_worker.checkpoints.loading import detect, load_detected, request_of
 from eval_worker.errors import CheckpointRefused
 from eval_worker.evaluation.evaluate import evaluate_many
 from eval_worker.evaluation.feature_cache import FeatureCache
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.source import FeatureSource
-from eval_worker.families import FAMILIES
 from eval_worker.settings import EvaluateSettings
+from schemas.eval_spec import EvalSpec, FamilyOptions
 from schemas.model import ModelInfo
 from schemas.prompts import PromptStatus
 from schemas.report import EvalReport
-from schemas.sampling import GREEDY, GREEDY_SETTING, DraftSampling, trees_problem
-from schemas.trees import EagleTreeShape
+from schemas.sampling import GREEDY, GREEDY_SETTING, trees_problem
 
 log = logging.getLogger(__name__)
 
@@ -86,79 +85,70 @@ def feature_cache(settings: EvaluateSettings) -> FeatureCache:
     return FeatureCache(int(settings.feature_cache_gb * 2**30), device)
 
 
+def load_checkpoints(
+    info: ModelInfo,
+    paths: Sequence[Path],
+    spec: EvalSpec,
+    blocks: Mapping[Family, FamilyOptions | None] | None = None,
+) -> list[LoadedCheckpoint]:
+    """Each checkpoint loaded strictly for target `info` as `spec` says (its config file, layer ids,
+    inert keys, family block); with `blocks`, each with the block of its own family there instead (the
+    command line fills one block per family from its flags). A refusal names the checkpoint."""
+    config = Path(spec.config) if spec.config is not None else None
+    loaded = []
+    for path in paths:
+        try:
+            raw, family = detect(path, config)
+            options = blocks.get(family.name) if blocks is not None else spec.family_options
+            request = replace(request_of(spec), options=options)
+            loaded.append(load_detected(path, raw, family, info, request))
+        except CheckpointRefused as e:  # in a sweep, say which checkpoint
+            raise CheckpointRefused(str(e) if str(path) in str(e) else f"{path}: {e}") from None
+    return loaded
+
+
 def evaluate_checkpoints(
     client: CacheClient,
     checkpoints: Sequence[Path | LoadedCheckpoint],
     settings: EvaluateSettings,
+    spec: EvalSpec | None = None,
     *,
     prompt_ids: Sequence[Sequence[str] | None] | None = None,
-    tree_budgets: Sequence[int] = (),
-    eagle_trees: Sequence[EagleTreeShape] = (),
-    steps: int | None = None,
-    draft_sampling: DraftSampling = "greedy",
-    sets: Sequence[str] = (),
     set_members_of: Sequence[Mapping[str, Sequence[str]]] | None = None,
-    layer_ids: Sequence[int] | None = None,
-    block_size: int | None = None,
-    layer_convention: LayerConvention | None = None,
-    config_path: Path | None = None,
-    mask_token_id: int | None = None,
     progress: bool = True,
     features: FeatureCache | None = None,
     source: FeatureSource | None = None,
 ) -> list[EvalReport]:
-    """Load each checkpoint strictly for the server's target and evaluate them together; checkpoint i
-    on `prompt_ids[i]` (None: every registered prompt the target has not failed on, or of `sets`), each
-    report summarized per set too when the prompts come from sets (`set_members_of[i]`, as a job's
-    claim carries them, or `sets` looked up on the server).
+    """Load each checkpoint strictly for the server's target as `spec` says (a loaded one carries its
+    options already) and evaluate them together, drafting as `spec.draft_sampling` says; checkpoint i on
+    `prompt_ids[i]` (None: every registered prompt the target has not failed on, or of `spec.sets`),
+    each report summarized per set too when the prompts come from sets (`set_members_of[i]`, as a job's
+    claim carries them, or `spec.sets` looked up on the server).
 
-    DDTree budgets apply to the DFlash checkpoints, `eagle_trees` and `steps` to the EAGLE-3 ones; an
-    option that applies to none of them is refused rather than ignored. Features and heads come from
+    What each checkpoint drafts (trees, steps) is its own options'. Features and heads come from
     `source` when given (a view of the client's, as the doctor's readings are), else from the client."""
+    spec = spec or EvalSpec()
     info = client.model()
-    loaded = []
-    for c in checkpoints:
-        if isinstance(c, LoadedCheckpoint):
-            loaded.append(c)
-            continue
-        try:
-            loaded.append(
-                load_checkpoint(
-                    c,
-                    info,
-                    config_path=config_path,
-                    layer_ids_override=layer_ids,
-                    block_size_override=block_size,
-                    mask_token_id=mask_token_id,
-                    layer_convention=layer_convention,
-                )
-            )
-        except CheckpointRefused as e:  # in a sweep, say which checkpoint
-            raise CheckpointRefused(str(e) if str(c) in str(e) else f"{c}: {e}") from None
-    applicable = {flag for c in loaded for flag in FAMILIES[c.family].flags}
-    given = {"--tree-budget": bool(tree_budgets), "--eagle-tree": bool(eagle_trees), "--steps": steps is not None}
-    for flag in (f for f, on in given.items() if on and f not in applicable):
-        owner = next(f.title for f in FAMILIES.values() if flag in f.flags)
-        raise ValueError(f"{flag} applies to {owner} drafters; none of these checkpoints is one")
+    paths = [c for c in checkpoints if not isinstance(c, LoadedCheckpoint)]
+    fresh = iter(load_checkpoints(info, paths, spec))
+    loaded = [c if isinstance(c, LoadedCheckpoint) else next(fresh) for c in checkpoints]
     wanted = prompt_ids if prompt_ids is not None else [None] * len(loaded)
     if set_members_of is None:
-        members = set_members(client, sets)
+        members = set_members(client, spec.sets)
         set_members_of = [members] * len(loaded)
     ids = [
         select_prompts(client, p, settings.timeout_s, m, progress=progress)
         for p, m in zip(wanted, set_members_of, strict=True)
     ]
-    if tree_budgets or eagle_trees:
-        check_trees_greedy(client, ids)
+    treed = [i for c, i in zip(loaded, ids, strict=True) if c.options.asks_trees]
+    if treed:
+        check_trees_greedy(client, treed)
     device = resolve_device(settings.device)
     options = EvalOptions(
-        tree_budgets=tuple(tree_budgets),
-        eagle_trees=tuple(eagle_trees),
-        steps=steps,
         device=str(device),
         dtype=drafter_dtype(settings, device, info),
         progress=progress,
-        draft_sampling=draft_sampling,
+        draft_sampling=spec.draft_sampling,
     )
     heads = HeadsCache(settings.heads_cache)
     return evaluate_many(

@@ -1,12 +1,19 @@
-"""What every family's walk takes and gives: a prompt's features on the drafter's device, the work
-counted while drafting, one prompt's walked rounds, and what a report says of a family's drafting."""
+"""What every family's walk takes and gives: a prompt's features and the target's heads on the
+drafter's device (its final norm computed as transformers does), the work counted while drafting, and
+one prompt's walked rounds."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
+from cache_server.client import TargetHeads
+from cache_server.client.results import as_tensor
+from eval_worker.errors import FeatureMismatch
+from eval_worker.evaluation.options import EvalOptions
 from schemas.report import RoundTaus
 
 
@@ -17,6 +24,69 @@ class PromptFeatures:
     taps: Tensor
     token_ids: list[int]
     prompt_len: int
+
+
+@dataclass(frozen=True)
+class TargetNorm:
+    """The target's final RMSNorm as the cache serves it: `weight * x / rms(x)`, or `(1 + weight) * x / rms(x)`
+    when `zero_centered` (Qwen3-Next, Qwen3.5: the weight is stored zero-centred)."""
+
+    weight: Tensor  # [H]
+    eps: float
+    zero_centered: bool = False
+
+    @classmethod
+    def served(cls, heads: TargetHeads) -> TargetNorm | None:
+        """The final norm in `heads`, on the CPU in the served dtype; None when the cache serves none."""
+        if heads.final_norm is None or heads.final_norm_eps is None:
+            return None
+        return cls(as_tensor(heads.final_norm).clone(), heads.final_norm_eps, heads.final_norm_zero_centered)
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> TargetNorm:
+        """The same norm with its weight on `device` in `dtype` (as a target loaded in `dtype` holds it)."""
+        return dataclasses.replace(self, weight=self.weight.to(device, dtype))
+
+    def __call__(self, hidden: Tensor) -> Tensor:
+        """The last layer's raw output [..., H] -> normed, as transformers computes each kind: x / rms(x) in
+        fp32, then the plain norm casts back to the input dtype before the weight, the zero-centred one
+        multiplies in fp32 and casts back after."""
+        x = hidden.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        weight = self.weight.to(hidden.device)
+        if self.zero_centered:
+            return (x * (1.0 + weight.float())).to(hidden.dtype)
+        return weight * x.to(hidden.dtype)
+
+
+@dataclass(frozen=True)
+class DeviceHeads:
+    """The target's heads on the drafter's device: embedding and lm_head [V, H], and its final RMSNorm
+    whenever the cache serves one (None: the target's final norm is not an RMSNorm the cache serves)."""
+
+    embed: Tensor
+    lm_head: Tensor
+    final_norm: TargetNorm | None
+
+    @classmethod
+    def of(cls, heads: TargetHeads, opts: EvalOptions) -> DeviceHeads:
+        """`heads` on `opts`' device and dtype; FeatureMismatch when probabilistic drafting is asked of a
+        target whose final norm the cache does not serve."""
+        embed, lm_head = (t.to(opts.device, opts.dtype) for t in heads.to_torch())
+        norm = TargetNorm.served(heads)
+        if norm is None:
+            if opts.draft_sampling == "probabilistic":
+                raise FeatureMismatch(
+                    "probabilistic drafting needs the target's distribution, lm_head(norm(last layer)), and this "
+                    "target's final norm is not an RMSNorm the cache serves: use --draft-sampling greedy"
+                )
+            return cls(embed, lm_head, None)
+        return cls(embed, lm_head, norm.to(opts.device, opts.dtype))
+
+    def norm(self) -> TargetNorm:
+        """The final norm, which probabilistic drafting needs (`of` refused a target without one)."""
+        if self.final_norm is None:
+            raise FeatureMismatch("this target's final norm is not served: its distribution cannot be computed")
+        return self.final_norm
 
 
 @dataclass
@@ -37,15 +107,3 @@ class Walked:
     chain: list[int]
     trees: dict[int, RoundTaus] = field(default_factory=dict)
     eagle_trees: dict[str, RoundTaus] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ReportFields:
-    """What an EvalReport says of how a family drafted (None or empty where it does not apply)."""
-
-    block_size: int | None
-    mask_token_id: int | None
-    steps: int | None
-    draft_vocab_size: int | None
-    tree_budgets: list[int]
-    eagle_trees: list[str]

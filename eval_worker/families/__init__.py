@@ -1,8 +1,10 @@
-"""The drafter families, one folder each (`dflash/`, `eagle3/`: the model, its config layouts, strict
-loading, walks and probabilistic drafting) and one row each in this table: how a checkpoint of the
+"""The drafter families, one folder each (`dflash/`, `eagle3/`, `mtp/`: the model, its config layouts,
+strict loading, walks and probabilistic drafting) and one row each in this table: how a checkpoint of the
 family is recognised, loaded and checked against a target, how its drafts are walked, and what its
-report says of its drafting. Nothing else tells the families apart, and nothing in a family's folder
-imports this table: a new family is a folder and a row."""
+report says of its drafting (its block of `EvalReport.drafting`). A family's options are its block of
+`EvalSpec.family_options` (`schemas.eval_spec`), resolved on the `LoadedCheckpoint` its loader returns.
+Nothing else tells the families apart, and nothing in a family's folder imports this table: a new
+family is a folder, an options block, a report block and a row."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from eval_worker.checkpoints.loaded import Family, LoadedCheckpoint, LoadRequest
 from eval_worker.checkpoints.raw import RawCheckpoint
 from eval_worker.errors import CheckpointRefused
 from eval_worker.evaluation.options import EvalOptions
-from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, ReportFields, Walked
+from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost, PromptFeatures, Walked
 from eval_worker.families.dflash.checkpoint import check_dflash_fits, describe_dflash, is_dflash, load_dflash
 from eval_worker.families.dflash.probabilistic import expected_dflash
 from eval_worker.families.dflash.walks import dflash_report_fields, walk_dflash
@@ -25,25 +27,19 @@ from eval_worker.families.eagle3.checkpoint import check_eagle3_fits, describe_e
 from eval_worker.families.eagle3.layouts import is_eagle3
 from eval_worker.families.eagle3.probabilistic import expected_eagle3
 from eval_worker.families.eagle3.walks import eagle3_report_fields, walk_eagle3
+from eval_worker.families.mtp.checkpoint import check_mtp_fits, describe_mtp, is_mtp, load_mtp
+from eval_worker.families.mtp.walks import expected_mtp, mtp_report_fields, walk_mtp
+from schemas.eval_spec import DFlashOptions, Eagle3Options, FamilyOptions, MtpOptions
 from schemas.model import ModelInfo
-from schemas.report import ExpectedRounds
+from schemas.report import Drafting, ExpectedRounds
 from schemas.sampling import SamplingParams
 
-Walk = Callable[[LoadedCheckpoint, Sequence[PromptFeatures], Tensor, Tensor, EvalOptions, DraftCost], list[Walked]]
+Walk = Callable[[LoadedCheckpoint, Sequence[PromptFeatures], DeviceHeads, EvalOptions, DraftCost], list[Walked]]
 Expected = Callable[
-    [
-        LoadedCheckpoint,
-        Sequence[PromptFeatures],
-        Sequence[Tensor],
-        Sequence[SamplingParams],
-        Tensor,
-        Tensor,
-        tuple[Tensor, float],
-        EvalOptions,
-        DraftCost,
-    ],
+    [LoadedCheckpoint, Sequence[PromptFeatures], Sequence[Tensor], Sequence[SamplingParams], DeviceHeads, EvalOptions,
+     DraftCost],
     list[ExpectedRounds],
-]
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -52,18 +48,18 @@ class DrafterFamily:
 
     name: Family
     title: str  # as people write it
+    options: type[DFlashOptions | Eagle3Options | MtpOptions]  # its block of `EvalSpec.family_options`
     detect: Callable[[Mapping[str, Any]], bool]  # its config (CheckpointRefused: a family read by none)
     load: Callable[[Path, RawCheckpoint, ModelInfo, LoadRequest], LoadedCheckpoint]
     check_fits: Callable[[LoadedCheckpoint, ModelInfo], None]  # against a (possibly other) target's description
-    walk: Walk  # a group of prompts' features, the target's embedding and head -> each prompt's rounds
-    # ... and their last layers, sampling settings, the target's final norm -> each chain's expected rounds
-    # under probabilistic drafting
+    walk: Walk  # a group of prompts' features, the target's heads -> each prompt's rounds (trees and
+    # steps: the checkpoint's `options`)
+    # ... and their last layers, sampling settings -> each chain's expected rounds under probabilistic drafting
     expected: Expected
-    report_fields: Callable[[LoadedCheckpoint, EvalOptions], ReportFields]
+    report_fields: Callable[[LoadedCheckpoint], Drafting]  # the report's block of how it drafted
     describe: Callable[[Path, RawCheckpoint, LoadRequest], list[str]]  # `eval-worker inspect`, no target needed
-    # K speculative tokens per round, as an engine serves it -> (block size to draft, chain steps): `parity`
-    engine_round: Callable[[int], tuple[int | None, int | None]]
-    flags: frozenset[str]  # the evaluation options that apply to it alone
+    # K speculative tokens per round, as an engine serves it -> the options that draft so: `parity`
+    engine_round: Callable[[int], FamilyOptions]
 
 
 FAMILIES: dict[Family, DrafterFamily] = {
@@ -72,6 +68,7 @@ FAMILIES: dict[Family, DrafterFamily] = {
         DrafterFamily(
             name="dflash",
             title="DFlash",
+            options=DFlashOptions,
             detect=is_dflash,
             load=load_dflash,
             check_fits=check_dflash_fits,
@@ -79,12 +76,12 @@ FAMILIES: dict[Family, DrafterFamily] = {
             expected=expected_dflash,
             report_fields=dflash_report_fields,
             describe=describe_dflash,
-            engine_round=lambda k: (k + 1, None),  # K drafts after the anchor: a block of K + 1
-            flags=frozenset({"--tree-budget", "--block-size", "--mask-token-id"}),
+            engine_round=lambda k: DFlashOptions(block_size=k + 1),  # K drafts after the anchor: a block of K + 1
         ),
         DrafterFamily(
             name="eagle3",
             title="EAGLE-3",
+            options=Eagle3Options,
             detect=is_eagle3,
             load=load_eagle3,
             check_fits=check_eagle3_fits,
@@ -92,8 +89,20 @@ FAMILIES: dict[Family, DrafterFamily] = {
             expected=expected_eagle3,
             report_fields=eagle3_report_fields,
             describe=describe_eagle3,
-            engine_round=lambda k: (None, k),  # K chain steps
-            flags=frozenset({"--eagle-tree", "--steps", "--layer-convention"}),
+            engine_round=lambda k: Eagle3Options(steps=k),  # K chain steps
+        ),
+        DrafterFamily(
+            name="mtp",
+            title="MTP",
+            options=MtpOptions,
+            detect=is_mtp,
+            load=load_mtp,
+            check_fits=check_mtp_fits,
+            walk=walk_mtp,
+            expected=expected_mtp,
+            report_fields=mtp_report_fields,
+            describe=describe_mtp,
+            engine_round=lambda k: MtpOptions(steps=k),  # K chain steps, the one head reused
         ),
     )
 }

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from cache_server.client import CacheClient
-from cache_server.client.results import as_tensor
 from cache_server.sampling import filtered_logits
 from eval_worker.evaluation.probabilistic import LOGIT_ELEMENTS, target_logits
+from eval_worker.evaluation.walk_types import TargetNorm
 from eval_worker.parity.engine import VllmEngine
 from eval_worker.parity.options import PROBE_TEMPERATURE
 from eval_worker.parity.paths import register_path, split_tokens
@@ -72,9 +72,11 @@ def probe_engine(
     p_T computed on `device`."""
     params = SamplingParams(temperature=options.temperature, seed=seed)
     heads = client.heads()
-    if heads.final_norm is None or heads.final_norm_eps is None:
+    served = TargetNorm.served(heads)
+    if served is None:
         return ProbeVerdict(
-            lossless=None, reason="not probed: the server sends no final norm of the target (not a plain RMSNorm)"
+            lossless=None,
+            reason="not probed: the server sends no final norm of the target (not an RMSNorm the cache serves)",
         )
     paths = {}
     for source in sources[: options.prompts]:
@@ -82,7 +84,8 @@ def probe_engine(
         output = engine.sample(prompt, len(response), params)
         paths[source] = register_path(client, prompt, output, params, engine.generator(), f"parity probe of {source}")
     client.wait_ready(list(paths.values()), timeout_s=timeout_s)
-    lm_head, norm = heads.to_torch()[1].to(device), (as_tensor(heads.final_norm).to(device), heads.final_norm_eps)
+    lm_head = heads.to_torch()[1].to(device)
+    norm = served.to(device, served.weight.dtype)
     last_layer = client.model().num_layers - 1
     judged = [
         token
@@ -98,7 +101,7 @@ def _judged(
     path: str,
     last_layer: int,
     lm_head: torch.Tensor,
-    norm: tuple[torch.Tensor, float],
+    norm: TargetNorm,
     params: SamplingParams,
 ) -> list[_Token]:
     """Every output token of `path` with its log p_T and log tail at `params`, from the captured last layer."""
@@ -113,7 +116,7 @@ def log_tails(
     rows: torch.Tensor,
     tokens: torch.Tensor,
     lm_head: torch.Tensor,
-    norm: tuple[torch.Tensor, float],
+    norm: TargetNorm,
     params: SamplingParams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Last-layer rows [N, H] and the token each one was followed by [N] -> (log p_T of that token, log of

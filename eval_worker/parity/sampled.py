@@ -22,6 +22,7 @@ from eval_worker.parity.engine import SpecCounters, VllmEngine
 from eval_worker.parity.paths import register_path, split_tokens
 from eval_worker.parity.report import RunSetting
 from eval_worker.settings import EvaluateSettings
+from schemas.eval_spec import EvalSpec
 from schemas.parity import DistributionCheck, PromptParity
 from schemas.report import ExpectedRounds, PromptEval
 
@@ -64,20 +65,14 @@ def offline_walks(
     loaded: LoadedCheckpoint,
     settings: EvaluateSettings,
     samples: Sequence[LiveSample],
-    steps: int | None,
     setting: RunSetting,
 ) -> dict[str, PromptEval]:
-    """The checkpoint's offline walks over the registered paths, by path id."""
+    """The checkpoint's offline walks over the registered paths (its options draft the engine's K per
+    round), by path id."""
     ids = list(dict.fromkeys(s.path_id for s in samples))
+    spec = EvalSpec(draft_sampling=setting.draft_sampling)
     [report] = evaluate_checkpoints(
-        client,
-        [loaded],
-        settings,
-        prompt_ids=[ids],
-        steps=steps,
-        draft_sampling=setting.draft_sampling,
-        set_members_of=[{}],
-        progress=False,
+        client, [loaded], settings, spec, prompt_ids=[ids], set_members_of=[{}], progress=False
     )
     return {p.prompt_id: p for p in report.prompts}
 

@@ -91,10 +91,8 @@ def compare_table(reports: Sequence[EvalReport]) -> str:
 
 
 def max_round_tau(report: EvalReport) -> int:
-    """The most a chain round can score: a DFlash block's length, or EAGLE-3's steps + 1."""
-    if report.block_size is not None:
-        return report.block_size
-    return (report.steps or 0) + 1
+    """The most a chain round can score: a DFlash block's length, or the steps + 1 of a chain drafter."""
+    return report.drafting.longest_round
 
 
 def _set_column(name: str, kind: str) -> str:

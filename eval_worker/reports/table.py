@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.report import EvalReport, ExpectedSummary, SetSummary, TauSummary
+from schemas.report import DFlashDrafting, Eagle3Drafting, EvalReport, ExpectedSummary, SetSummary, TauSummary
 from schemas.sampling import GREEDY_SETTING
 
 
@@ -49,9 +49,21 @@ def _by_sampling(s: SetSummary) -> list[str]:
 
 
 def _drafter(r: EvalReport) -> str:
-    if r.drafter_family == "eagle3":
-        return f"EAGLE-3 ({r.layout} layout), {r.steps} chain steps, draft vocab {r.draft_vocab_size}"
-    return f"DFlash, block size {r.block_size}"
+    """The family's line, from its own drafting block."""
+    d = r.drafting
+    if isinstance(d, DFlashDrafting):
+        return f"DFlash, block size {d.block_size}, mask token {d.mask_token_id}"
+    if isinstance(d, Eagle3Drafting):
+        return f"EAGLE-3 ({r.layout} layout), {d.steps} chain steps, draft vocab {d.draft_vocab_size}"
+    return f"MTP ({d.layout} layout), {d.steps} chain steps over {d.mtp_layers} MTP layers"
+
+
+def _loading(r: EvalReport) -> list[str]:
+    """What loading accepted that a reader should know: config keys taken as inert, warnings."""
+    lines = (
+        [f"inert       config keys accepted as inert: {', '.join(r.inert_config_keys)}"] if r.inert_config_keys else []
+    )
+    return lines + [f"warning     {w}" for w in r.warnings]
 
 
 def _layers(r: EvalReport) -> str:
@@ -76,6 +88,7 @@ def format_report(report: EvalReport) -> str:
         f"target      {report.target_name} ({report.target_fingerprint}), features stored {report.feature_storage}",
         f"drafter     {_drafter(report)}",
         f"layers      {_layers(report)}",
+        *_loading(report),
         f"captured by {_counted(report.summary.captures)}; responses by {_counted(report.summary.generators)}",
         "",
         f"{'drafts':<16} {'tau':>8} {'s.e.':>7} {'tok/round':>11} {'rounds':>7} {'prompts':>7}  round-tau histogram",

@@ -12,18 +12,16 @@ from pathlib import Path
 
 from cache_server.client import CacheClient, CacheClientError, JobsClient, LeaseLostError, ServerUnreachable
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
-from eval_worker.checkpoints.loading import load_checkpoint
+from eval_worker.checkpoints.loading import load_with_spec
 from eval_worker.errors import CheckpointRefused
 from eval_worker.evaluation.sweep import evaluate_checkpoints, feature_cache
 from eval_worker.settings import WorkerSettings
+from schemas.eval_spec import EvalSpec
 from schemas.jobs import Claim
 from schemas.report import EvalReport
 from schemas.sampling import DraftSampling
-from schemas.trees import EagleTreeShape
 
 log = logging.getLogger(__name__)
-# DDTree budgets, EAGLE trees, EAGLE steps, drafting mode
-_Drafts = tuple[tuple[int, ...], tuple[str, ...], int | None, DraftSampling]
 
 
 def default_worker_name() -> str:
@@ -113,42 +111,35 @@ class JobWorker:
         return True
 
     def _evaluate(self, claims: list[Claim]) -> list[EvalReport | None]:
-        """Each job's report, or None once its failure is recorded. Jobs asking for the same drafts (tree
-        budgets, EAGLE trees, steps) are evaluated together; if that fails, one by one, so that each
-        failure lands on its job."""
+        """Each job's report, or None once its failure is recorded. Each checkpoint is loaded as its job's
+        spec says and carries its own options, so jobs drafting alike (greedily, or probabilistically)
+        are evaluated together whatever else they ask; if that fails, one by one, so that each failure
+        lands on its job."""
         info = self.client.model()
         loaded: dict[int, LoadedCheckpoint] = {}
         for i, claim in enumerate(claims):
             job = claim.job
             try:
-                loaded[i] = load_checkpoint(
-                    Path(job.checkpoint),
-                    info,
-                    layer_ids_override=job.target_layer_ids,
-                    block_size_override=job.block_size,
-                    layer_convention=job.layer_convention,
-                )
+                loaded[i] = load_with_spec(Path(job.checkpoint), info, job.spec)
             except CheckpointRefused as e:
                 self._fail(claim, f"checkpoint refused: {e}", retryable=False)
         reports: list[EvalReport | None] = [None] * len(claims)
-        by_budgets: dict[_Drafts, list[int]] = {}
+        by_drafting: dict[DraftSampling, list[int]] = {}
         for i in loaded:
-            job = claims[i].job
-            drafts = (tuple(job.tree_budgets), tuple(job.eagle_trees), job.steps, job.draft_sampling)
-            by_budgets.setdefault(drafts, []).append(i)
-        for budgets, batch in by_budgets.items():
-            done = self._batch(batch, loaded, claims, budgets)
+            by_drafting.setdefault(claims[i].job.spec.draft_sampling, []).append(i)
+        for drafting, batch in by_drafting.items():
+            done = self._batch(batch, loaded, claims, drafting)
             if done is None:  # the batch failed: one by one, so that each failure lands on its job
                 log.warning("a batch of %d jobs failed; evaluating them one by one", len(batch))
                 done = {}
                 for i in batch:
-                    done |= self._batch([i], loaded, claims, budgets) or {}
+                    done |= self._batch([i], loaded, claims, drafting) or {}
             for i, report in done.items():
                 reports[i] = report
         return reports
 
     def _batch(
-        self, batch: list[int], loaded: dict[int, LoadedCheckpoint], claims: list[Claim], drafts: _Drafts
+        self, batch: list[int], loaded: dict[int, LoadedCheckpoint], claims: list[Claim], drafting: DraftSampling
     ) -> dict[int, EvalReport] | None:
         """Reports of the jobs `batch` evaluated together; None if that failed (a single job's failure
         is recorded on it)."""
@@ -157,12 +148,9 @@ class JobWorker:
                 self.client,
                 [loaded[i] for i in batch],
                 self.settings,
+                EvalSpec(draft_sampling=drafting),
                 prompt_ids=[claims[i].prompt_ids for i in batch],
-                tree_budgets=drafts[0],
                 set_members_of=[claims[i].set_members for i in batch],
-                eagle_trees=[EagleTreeShape.parse(t) for t in drafts[1]],
-                steps=drafts[2],
-                draft_sampling=drafts[3],
                 progress=False,
                 features=self.features,
             )

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from cache_server.client import CacheClient
+from eval_worker.checkpoints.loaded import LoadRequest
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
 from eval_worker.evaluation.evaluate import evaluate
@@ -20,6 +21,7 @@ from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.exit_codes import ExitCode
 from eval_worker.families.dflash.drafter import DFlashDrafter
+from schemas.eval_spec import DFlashOptions
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
 from testing.checkpoints import save_hf_checkpoint, save_torch_checkpoint
@@ -67,10 +69,10 @@ def test_evaluate_against_a_real_server_matches_in_process_ground_truth(
 
     truth = evaluate(
         TinySource(target, target_info, sequences),
-        load_checkpoint(ckpt, target_info),
+        load_checkpoint(ckpt, target_info, LoadRequest(options=DFlashOptions(tree_budgets=[3]))),
         [f"p{i}" for i in range(len(ids))],
         heads_cache=HeadsCache(tmp_path / "truth-heads"),
-        options=EvalOptions(tree_budgets=(3,), progress=False),
+        options=EvalOptions(progress=False),
     )
     served = {p.prompt_id: p for p in report.prompts}
     assert sorted(served) == sorted(ids)

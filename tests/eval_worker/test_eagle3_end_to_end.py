@@ -20,8 +20,9 @@ from eval_worker.families.eagle3.drafter import Eagle3Drafter
 from eval_worker.families.eagle3.walks import CHAIN, walk_eagle_prompts
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
+from schemas.eval_spec import Eagle3Options, EvalSpec
 from schemas.jobs import JobStatus
-from schemas.report import EvalReport
+from schemas.report import Eagle3Drafting, EvalReport
 from schemas.trees import EagleTreeShape
 from testing.eagle3 import eagle3_config, frequent_d2t, random_eagle3, save_eagle3, train_eagle3
 from testing.live_loop import target_heads
@@ -93,10 +94,10 @@ def test_every_layout_evaluates_to_the_in_process_walk(
     ]
     truth = walk_eagle_prompts(drafter, prompts, target_heads(eagle_target)[0], steps=3, trees=[TREE], cost=DraftCost())
     for report, (layout, written) in zip(reports, WRITTEN.items(), strict=True):
-        assert (report.drafter_family, report.layout, report.steps) == ("eagle3", layout, 3)
+        assert (report.drafter_family, report.layout) == ("eagle3", layout)
+        assert report.drafting == Eagle3Drafting(steps=3, draft_vocab_size=160, eagle_trees=[TREE.key])
         assert report.target_layer_ids == list(EAGLE_LAYER_IDS) and report.checkpoint_layer_ids == written
         assert report.layer_ids_source == ("default" if written is None else "checkpoint")
-        assert report.draft_vocab_size == 160 and report.block_size is None and report.eagle_trees == [TREE.key]
         assert [p.chain.round_taus for p in report.prompts] == [w[CHAIN] for w in truth]
         assert [p.eagle_trees[TREE.key].round_taus for p in report.prompts] == [w[TREE.key] for w in truth]
     printed = capsys.readouterr().out
@@ -145,7 +146,8 @@ def test_a_narrower_drafter_with_its_own_embedding(
         for t, ids, n in zip(seqs.taps, seqs.token_ids, seqs.prompt_lens, strict=True)
     ]
     truth = walk_eagle_prompts(drafter, prompts, drafter.embed_tokens.weight, steps=3, trees=[], cost=DraftCost())
-    assert report.steps == 3  # the speculators config names 3 speculative tokens
+    assert isinstance(report.drafting, Eagle3Drafting)
+    assert report.drafting.steps == 3  # the speculators config names 3 speculative tokens
     assert [p.chain.round_taus for p in report.prompts] == [w[CHAIN] for w in truth]
 
 
@@ -157,7 +159,7 @@ def test_jobs_and_compare_show_both_families(
     bad = save_eagle3(root / "eagle3" / "bad.pt", drafter, "specforge", layer_ids=[1, 5], global_step=1)
     with CacheClient(url) as client:
         jobs = JobsClient(client)
-        good_job = jobs.submit("eagle3/step_40.pt", eagle_trees=[TREE.key])
+        good_job = jobs.submit("eagle3/step_40.pt", spec=EvalSpec(family_options=Eagle3Options(eagle_trees=[TREE.key])))
         bad_job = jobs.submit(str(bad.relative_to(root)))
         stop = threading.Event()
         settings = WorkerSettings(server=url, device="cpu", poll_interval=0.1, heads_cache=tmp_path / "heads")
@@ -172,7 +174,8 @@ def test_jobs_and_compare_show_both_families(
         assert done.status == JobStatus.done and done.eagle_trees == [TREE.key]
         assert failed.status == JobStatus.failed and "fc.weight reads 192 features" in (failed.error or "")
         report = jobs.report(good_job.job_id)
-    assert report.steps == 4 and report.step == 40  # the checkpoint's own speculative_tokens
+    assert isinstance(report.drafting, Eagle3Drafting)
+    assert report.drafting.steps == 4 and report.step == 40  # the checkpoint's own speculative_tokens
     assert main(["compare", "--server", url, "--plot", str(tmp_path / "tau.png")]) == 0
     table = capsys.readouterr().out
     assert "eagle3" in table and f"eagle-{TREE.key}" in table

@@ -1,5 +1,5 @@
 """One validation of what an evaluation measures, whichever way it comes in: the command line
-(`evaluate`, `submit`, `watch`), `POST /jobs`, or `EvalOptions` in code."""
+(`evaluate`, `submit`, `watch`), `POST /jobs`, or the spec and its family blocks in code."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from eval_worker.cli import main
-from eval_worker.evaluation.options import EvalOptions
 from eval_worker.exit_codes import ExitCode
+from schemas.eval_spec import DFlashOptions, Eagle3Options, EvalSpec, MtpOptions
 from tests.cache_server.helpers import app_client
 
 BAD = [
@@ -51,9 +51,32 @@ def test_post_jobs_refuses_with_the_same_message(
     assert r.status_code == 422 and message.split(": ", 1)[1] in r.json()["error"]["message"]
 
 
-def test_evaluation_options_in_code_are_checked_the_same() -> None:
+def test_the_family_blocks_in_code_are_checked_the_same() -> None:
     with pytest.raises(ValidationError, match=r"tree budgets must be in 1\.\.4096, got \[0\]"):
-        EvalOptions(tree_budgets=(0,))
-    with pytest.raises(ValidationError, match=r"steps must be in 1\.\.64, got 0"):
-        EvalOptions(steps=0)
-    assert EvalOptions(tree_budgets=(3, 8), steps=4).tree_budgets == (3, 8)
+        DFlashOptions(tree_budgets=[0])
+    for block in (Eagle3Options, MtpOptions):
+        with pytest.raises(ValidationError, match=r"steps must be in 1\.\.64, got 0"):
+            block(steps=0)
+    assert EvalSpec(family_options=DFlashOptions(tree_budgets=[3, 8])).asks_trees
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--steps", "3"], "--steps applies to EAGLE-3 and MTP drafters: say which with --family"),
+        (
+            ["--tree-budget", "4", "--eagle-tree", "4,3,16"],
+            "belong to different drafter families (DFlash and EAGLE-3): give one family's options",
+        ),
+        (["--family", "mtp", "--tree-budget", "4"], "--tree-budget applies to DFlash drafters, not --family mtp"),
+        (["--inert-config-keys", "a,,b"], "inert config keys must not be empty strings"),
+    ],
+)
+@pytest.mark.parametrize("command", ["submit", "watch"])
+def test_submit_refuses_options_whose_family_is_not_clear(
+    command: str, flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`submit` and `watch` load no checkpoint: the flags must say which family's block they fill."""
+    target = str(tmp_path / ("runs" if command == "watch" else "ckpt.pt"))
+    assert main([command, target, "--server", "http://127.0.0.1:9", *flags]) == ExitCode.usage
+    assert message in capsys.readouterr().err

@@ -14,12 +14,14 @@ import pytest
 
 from cache_server.capture.fingerprint import target_fingerprint
 from cache_server.client import CacheClient, HiddenResult
+from eval_worker.checkpoints.loaded import LoadRequest
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
 from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.families.dflash.drafter import DFlashDrafter
+from schemas.eval_spec import DFlashOptions
 from schemas.model import ModelInfo
 from schemas.report import EvalReport
 from testing.checkpoints import save_torch_checkpoint
@@ -127,10 +129,10 @@ def test_evaluate_on_fp8_features_reports_their_storage_and_matches_the_ground_t
 
     truth = evaluate(
         Fp8Source(target, target_info, sequences),
-        load_checkpoint(ckpt, target_info),
+        load_checkpoint(ckpt, target_info, LoadRequest(options=DFlashOptions(tree_budgets=[3]))),
         [f"p{i}" for i in range(len(sequences.token_ids))],
         heads_cache=HeadsCache(tmp_path / "truth-heads"),
-        options=EvalOptions(tree_budgets=(3,), progress=False),
+        options=EvalOptions(progress=False),
     )
     served = {p.prompt_id: p for p in report.prompts}
     for pid, expected in zip(fp8_server[1], truth.prompts, strict=True):

@@ -13,6 +13,7 @@ from cache_server.client import CacheClient, JobsClient
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
+from schemas.eval_spec import DFlashOptions, EvalSpec
 from schemas.jobs import JobStatus
 from schemas.prompts import GenerateSpec
 from testing.browser import CHROMIUM, headless
@@ -49,7 +50,13 @@ def test_the_page_shows_the_reports_in_a_real_browser(
             texts = [{"text": t, "sets": ["c"]} for t in ("def fib(n):", "The quick brown fox")]
             client.wait_ready([p.prompt_id for p in client.register(texts, generate=sampled)])
             jobs = JobsClient(client)
-            submitted = [jobs.submit(f"v1/step_{s}.pt", tree_budgets=[3], sets=["a", "b", "c"]) for s in (10, 20)]
+            submitted = [
+                jobs.submit(
+                    f"v1/step_{s}.pt",
+                    spec=EvalSpec(sets=["a", "b", "c"], family_options=DFlashOptions(tree_budgets=[3])),
+                )
+                for s in (10, 20)
+            ]
             stop = threading.Event()
             settings = WorkerSettings(server=url, device="cpu", poll_interval=0.1, heads_cache=tmp_path / "heads")
             worker = threading.Thread(target=JobWorker(client, settings).serve, args=(stop,))

@@ -18,6 +18,7 @@ from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
+from eval_worker.evaluation.walk_types import TargetNorm
 from eval_worker.exit_codes import ExitCode
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.parity.distribution import accepted_histogram, distribution_check, kept_accepted
@@ -200,7 +201,7 @@ def test_a_tokens_tail_is_the_mass_of_the_tokens_no_more_likely() -> None:
     lm_head = torch.tensor([[1.0, 0.0], [0.0, 0.0], [-1.0, 0.0]])  # logits sqrt 2 * [1, 0, -1]
     p = (math.sqrt(2) * torch.tensor([1.0, 0.0, -1.0])).softmax(-1)
     log_p, log_tail = log_tails(
-        rows, torch.tensor([1, 0]), lm_head, (torch.ones(2), 0.0), SamplingParams(temperature=1.0)
+        rows, torch.tensor([1, 0]), lm_head, TargetNorm(torch.ones(2), 0.0), SamplingParams(temperature=1.0)
     )
     assert torch.allclose(log_p.exp(), torch.stack([p[1], p[0]]))
     assert torch.allclose(log_tail.exp(), torch.stack([p[1] + p[2], torch.tensor(1.0)]))

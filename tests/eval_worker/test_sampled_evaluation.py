@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.cli import main
-from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, TargetNorm
 from eval_worker.exit_codes import ExitCode
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.families.dflash.probabilistic import expected_dflash_prompts
@@ -57,7 +57,7 @@ def _in_process(model_dir: Path, url: str, ids: list[str], taps: list[int], expe
     """The expected rounds of each prompt from a direct forward of the target over its stored tokens."""
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     last = target.config.num_hidden_layers - 1
-    norm = (target.model.norm.weight.detach(), float(target.model.norm.variance_epsilon))
+    norm = TargetNorm(target.model.norm.weight.detach(), float(target.model.norm.variance_epsilon))
     embed, lm_head = target_heads(target)
     with CacheClient(url) as client:
         states = [client.prompt(pid) for pid in ids]

@@ -13,6 +13,7 @@ from eval_worker.cli import main
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
+from schemas.eval_spec import DFlashOptions, EvalSpec
 from schemas.jobs import JobStatus
 from schemas.report import EvalReport
 from testing.checkpoints import save_torch_checkpoint
@@ -43,7 +44,9 @@ def test_a_job_on_two_sets_equals_each_set_alone(
             client.wait_ready(ids)
             assert {s.name: s.total for s in client.sets().sets} == {"a": 5, "b": 5}
             jobs = JobsClient(client)
-            job = jobs.submit("step_5.pt", tree_budgets=[3], sets=["a", "b"])
+            job = jobs.submit(
+                "step_5.pt", spec=EvalSpec(sets=["a", "b"], family_options=DFlashOptions(tree_budgets=[3]))
+            )
             stop = threading.Event()
             settings = WorkerSettings(server=url, device="cpu", poll_interval=0.1, heads_cache=tmp_path / "heads")
             worker = threading.Thread(target=JobWorker(client, settings).serve, args=(stop,))

@@ -1,4 +1,4 @@
-"""Load DFlash drafters strictly: every config key honoured or refused (`layout.py`), the fc
+"""Load DFlash drafters strictly: every config key honoured, named inert or refused (`layout.py`), the fc
 width against the layer ids, every tensor's name and shape against the drafter built for them."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from eval_worker.checkpoints.config_keys import inert_lines
 from eval_worker.checkpoints.layer_ids import default_layer_ids, resolve_layer_ids
 from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
 from eval_worker.checkpoints.raw import RawCheckpoint
@@ -16,6 +17,7 @@ from eval_worker.errors import CheckpointRefused
 from eval_worker.families.dflash.config import DFlashConfig
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.families.dflash.layout import read_dflash_config
+from schemas.eval_spec import DFlashOptions
 from schemas.model import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -35,11 +37,13 @@ def expected_shapes(cfg: DFlashConfig, num_taps: int) -> dict[str, tuple[int, ..
 
 def load_dflash(path: Path, raw: RawCheckpoint, target: ModelInfo, request: LoadRequest) -> LoadedCheckpoint:
     """The DFlash drafter `raw` holds, fitting `target`, or CheckpointRefused."""
-    if request.layer_convention is not None:
-        raise CheckpointRefused(
-            f"{path} is a DFlash drafter: its ids are decoder outputs; --layer-convention applies to EAGLE-3 only"
-        )
-    cfg = read_dflash_config(raw.config, block_size=request.block_size, mask_token_id=request.mask_token_id)
+    options = _options(request)
+    cfg, accepted = read_dflash_config(
+        raw.config,
+        block_size=options.block_size,
+        mask_token_id=options.mask_token_id,
+        inert=request.inert_config_keys,
+    )
     _check_target_fit(cfg, target)
     check_key_set(raw.state, expected_shapes(cfg, 1))
     layer_ids = resolve_layer_ids(
@@ -56,6 +60,8 @@ def load_dflash(path: Path, raw: RawCheckpoint, target: ModelInfo, request: Load
     except RuntimeError as exc:  # unreachable after the checks above, but never continue on a bad load
         raise CheckpointRefused(f"{path}: load_state_dict(strict=True) failed: {exc}") from exc
     drafter.eval()
+    for warning in accepted.warnings:
+        log.warning("%s: %s", path, warning)
     log.info(
         "loaded %s checkpoint %s (step %s): target_layer_ids %s from %s, block_size %d",
         raw.format,
@@ -66,8 +72,29 @@ def load_dflash(path: Path, raw: RawCheckpoint, target: ModelInfo, request: Load
         cfg.block_size,
     )
     return LoadedCheckpoint(
-        path, raw.format, "dflash", "dflash", cfg, drafter, layer_ids, raw.step, raw.epoch, cfg.hidden_size
+        path,
+        raw.format,
+        "dflash",
+        "dflash",
+        cfg,
+        drafter,
+        layer_ids,
+        raw.step,
+        raw.epoch,
+        cfg.hidden_size,
+        options=options,
+        inert_config_keys=accepted.inert,
+        warnings=accepted.warnings,
     )
+
+
+def _options(request: LoadRequest) -> DFlashOptions:
+    """The request's DFlash block, else the defaults (CheckpointRefused for another family's block, which
+    the caller refuses first)."""
+    options = request.options or DFlashOptions()
+    if not isinstance(options, DFlashOptions):
+        raise CheckpointRefused(f"{options.family} options apply to {options.family} checkpoints, not DFlash")
+    return options
 
 
 def check_dflash_fits(checkpoint: LoadedCheckpoint, target: ModelInfo) -> None:
@@ -78,7 +105,10 @@ def check_dflash_fits(checkpoint: LoadedCheckpoint, target: ModelInfo) -> None:
 
 def describe_dflash(path: Path, raw: RawCheckpoint, request: LoadRequest) -> list[str]:
     """What `eval-worker inspect` says of a DFlash checkpoint, before any target is involved."""
-    cfg = read_dflash_config(raw.config, mask_token_id=request.mask_token_id)
+    # the config as written (its own block size), with the request's stand-in mask token and inert keys
+    cfg, accepted = read_dflash_config(
+        raw.config, mask_token_id=_options(request).mask_token_id, inert=request.inert_config_keys
+    )
     fc = raw.state.get("fc.weight")
     fc_shape = list(fc.shape) if fc is not None else None
     taps = fc_shape[1] // cfg.hidden_size if fc_shape and fc_shape[1] % cfg.hidden_size == 0 else None
@@ -92,7 +122,7 @@ def describe_dflash(path: Path, raw: RawCheckpoint, request: LoadRequest) -> lis
             f"not in the checkpoint: inferred at evaluation from fc width ({taps} taps) with the DFlash "
             "formula and the target's layer count"
         )
-    return [
+    lines = [
         f"checkpoint         {path}",
         f"format             {raw.format}",
         "family             DFlash",
@@ -107,6 +137,7 @@ def describe_dflash(path: Path, raw: RawCheckpoint, request: LoadRequest) -> lis
         f"fc                 in_features {fc_shape[1] if fc_shape else '?'}, out_features "
         f"{fc_shape[0] if fc_shape else '?'} ({taps} taps x {cfg.hidden_size})",
     ]
+    return lines + inert_lines(accepted)
 
 
 def _check_target_fit(cfg: DFlashConfig, target: ModelInfo) -> None:

@@ -4,7 +4,7 @@ Every key is honoured (by `DFlashConfig.from_hf_dict` or here), known inert, or 
 by name. SpecForge adds `draft_vocab_size` (its DFlash decodes with the target's full lm_head, so it
 must equal `vocab_size`) and `dflash_config` switches for its variants, accepted at their defaults only.
 A config without `mask_token_id` (SpecForge writes none unless told) needs `--mask-token-id`, as vLLM
-refuses it too.
+refuses it too. Keys a trainer adds for itself (`training_step`) load only when the user names them inert.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from eval_worker.checkpoints.config_keys import INERT, check_keys
+from eval_worker.checkpoints.config_keys import INERT, KeysAccepted, check_keys
 from eval_worker.errors import CheckpointRefused
 from eval_worker.families.dflash.config import DFlashConfig
 
@@ -29,15 +29,20 @@ _DFLASH_CONFIG_KEYS = {"target_layer_ids", "mask_token_id", "block_size", *_VARI
 
 
 def read_dflash_config(
-    raw: Mapping[str, Any], *, block_size: int | None = None, mask_token_id: int | None = None
-) -> DFlashConfig:
-    """The drafter config of a DFlash config dict; `block_size` and `mask_token_id` as supplied by the
-    user (a supplied mask token must agree with one the config names)."""
-    check_keys(raw, INERT | _KEYS, "DFlash")
+    raw: Mapping[str, Any],
+    *,
+    block_size: int | None = None,
+    mask_token_id: int | None = None,
+    inert: frozenset[str] = frozenset(),
+) -> tuple[DFlashConfig, KeysAccepted]:
+    """The drafter config of a DFlash config dict, and the keys accepted as `inert` (at the top level or in
+    `dflash_config`); `block_size` and `mask_token_id` as supplied by the user (a supplied mask token must
+    agree with one the config names)."""
+    accepted = check_keys(raw, INERT | _KEYS, "DFlash", inert)
     dflash = raw.get("dflash_config") or {}
     if not isinstance(dflash, Mapping):
         raise CheckpointRefused(f"config dflash_config must be an object, got {type(dflash).__name__}")
-    check_keys(dflash, _DFLASH_CONFIG_KEYS, "DFlash dflash_config")
+    accepted |= check_keys(dflash, _DFLASH_CONFIG_KEYS, "DFlash dflash_config", inert)
     for key, plain in _VARIANT_DEFAULTS.items():
         if dflash.get(key, plain) != plain:
             raise CheckpointRefused(
@@ -50,4 +55,4 @@ def read_dflash_config(
             f"config draft_vocab_size {draft_vocab} != vocab_size {vocab}: this DFlash drafter decodes with the "
             "target's full lm_head; a draft vocabulary is not implemented"
         )
-    return DFlashConfig.from_hf_dict(raw, block_size=block_size, mask_token_id=mask_token_id)
+    return DFlashConfig.from_hf_dict(raw, block_size=block_size, mask_token_id=mask_token_id), accepted

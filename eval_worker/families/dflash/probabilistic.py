@@ -29,7 +29,7 @@ from eval_worker.evaluation.probabilistic import (
     expected_chains,
     padded_ids,
 )
-from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost, PromptFeatures, TargetNorm
 from eval_worker.families.dflash.drafter import ContextKV, DFlashDrafter, stack_kv
 from schemas.report import ExpectedRounds
 from schemas.sampling import SamplingParams
@@ -76,7 +76,7 @@ def expected_dflash_prompts(
     sampling: Sequence[SamplingParams],
     embed: Tensor,
     lm_head: Tensor,
-    final_norm: tuple[Tensor, float],
+    final_norm: TargetNorm,
     *,
     cost: DraftCost,
     max_blocks: int = 64,
@@ -84,7 +84,7 @@ def expected_dflash_prompts(
     """Per prompt, the chain's expected rounds under probabilistic drafting at the prompt's `sampling`.
 
     `last_layers[i]` [T_i, H] is the target's last decoder layer (raw, before the final norm) over prompt
-    i's tokens; `final_norm` is that norm's weight [H] and eps; `embed` / `lm_head` [V, H] the target's."""
+    i's tokens; `final_norm` is that norm; `embed` / `lm_head` [V, H] the target's."""
     cells = AnchorCells.of(prompts, sampling, drafter.cfg.block_size - 1)
     if len(cells.anchors):
         started = time.perf_counter()
@@ -102,9 +102,7 @@ def expected_dflash(
     prompts: Sequence[PromptFeatures],
     last_layers: Sequence[Tensor],
     sampling: Sequence[SamplingParams],
-    embed: Tensor,
-    lm_head: Tensor,
-    final_norm: tuple[Tensor, float],
+    heads: DeviceHeads,
     opts: EvalOptions,
     cost: DraftCost,
 ) -> list[ExpectedRounds]:
@@ -112,5 +110,13 @@ def expected_dflash(
     drafter = checkpoint.drafter
     assert isinstance(drafter, DFlashDrafter)
     return expected_dflash_prompts(
-        drafter, prompts, last_layers, sampling, embed, lm_head, final_norm, cost=cost, max_blocks=opts.max_blocks
+        drafter,
+        prompts,
+        last_layers,
+        sampling,
+        heads.embed,
+        heads.lm_head,
+        heads.norm(),
+        cost=cost,
+        max_blocks=opts.max_blocks,
     )

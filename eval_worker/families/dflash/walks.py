@@ -25,11 +25,13 @@ from torch import Tensor
 
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
 from eval_worker.evaluation.options import EvalOptions
-from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, ReportFields, Walked
+from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost, PromptFeatures, Walked
 from eval_worker.families.dflash.config import DFlashConfig
 from eval_worker.families.dflash.drafter import ContextKV, DFlashDrafter, stack_kv
 from eval_worker.scoring.ddtree import accepted_nodes, build_tree
 from eval_worker.scoring.summary import round_taus
+from schemas.eval_spec import DFlashOptions
+from schemas.report import DFlashDrafting
 
 CHAIN = 0  # the walk key of the chain; DDTree walks are keyed by their budget (>= 1)
 _LOGIT_ELEMENTS = 1 << 26  # floats of full-vocab logits held at once (256 MB in fp32)
@@ -195,22 +197,29 @@ def _draft(
     return dict(zip(keys, out, strict=True))
 
 
+def dflash_options(checkpoint: LoadedCheckpoint) -> DFlashOptions:
+    """The DFlash options a loaded checkpoint carries (its loader resolved them)."""
+    options = checkpoint.options
+    assert isinstance(options, DFlashOptions)
+    return options
+
+
 def walk_dflash(
     checkpoint: LoadedCheckpoint,
     prompts: Sequence[PromptFeatures],
-    embed: Tensor,
-    lm_head: Tensor,
+    heads: DeviceHeads,
     opts: EvalOptions,
     cost: DraftCost,
 ) -> list[Walked]:
-    """The DFlash family's walk: the chain and DDTree-b for every budget of `opts`, per prompt."""
+    """The DFlash family's walk: the chain and DDTree-b for every budget of the checkpoint's options (none
+    when `opts` walks the chain alone), per prompt."""
     assert isinstance(checkpoint.drafter, DFlashDrafter)
-    budgets = opts.tree_budgets
+    budgets = dflash_options(checkpoint).tree_budgets if opts.trees else []
     walked = walk_prompts(
         checkpoint.drafter,
         prompts,
-        embed,
-        lm_head,
+        heads.embed,
+        heads.lm_head,
         tree_budgets=budgets,
         top_k=max(budgets, default=1),
         cost=cost,
@@ -219,8 +228,11 @@ def walk_dflash(
     return [Walked(taus[CHAIN], trees={b: round_taus(taus[b]) for b in budgets}) for taus in walked]
 
 
-def dflash_report_fields(checkpoint: LoadedCheckpoint, opts: EvalOptions) -> ReportFields:
+def dflash_report_fields(checkpoint: LoadedCheckpoint) -> DFlashDrafting:
     """What a DFlash report says of its drafting: block size, mask token, DDTree budgets."""
     cfg = checkpoint.config
     assert isinstance(cfg, DFlashConfig)
-    return ReportFields(cfg.block_size, cfg.mask_token_id, None, None, list(opts.tree_budgets), [])
+    budgets = list(dflash_options(checkpoint).tree_budgets)
+    return DFlashDrafting(
+        family="dflash", block_size=cfg.block_size, mask_token_id=cfg.mask_token_id, tree_budgets=budgets
+    )

@@ -2,7 +2,8 @@
 
 The layout (`eagle3_layouts`) says what the config means; this module checks the tensors against it and
 the target: fc width against the layer ids, the vocabularies (a draft vocab smaller than the target's
-needs `d2t`), the embedding (borrowed from the target only when widths agree).
+needs `d2t`), the embedding (borrowed from the target only when widths agree). A checkpoint is read as
+vLLM reads it: `t2d`, which vLLM skips, is never used, and one that disagrees with `d2t` is a warning.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from eval_worker.checkpoints.config_keys import inert_lines
 from eval_worker.checkpoints.layer_ids import ResolvedLayerIds, resolve_eagle3_layer_ids, to_decoder_outputs
 from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
 from eval_worker.checkpoints.raw import RawCheckpoint
@@ -22,6 +24,7 @@ from eval_worker.errors import CheckpointRefused
 from eval_worker.families.eagle3.config import Eagle3Config
 from eval_worker.families.eagle3.drafter import Eagle3Drafter
 from eval_worker.families.eagle3.layouts import Eagle3Layout, read_layout
+from schemas.eval_spec import Eagle3Options
 from schemas.model import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -31,11 +34,12 @@ _LAYER = "midlayer."
 
 def load_eagle3(path: Path, raw: RawCheckpoint, target: ModelInfo, request: LoadRequest) -> LoadedCheckpoint:
     """The EAGLE-3 drafter `raw` holds, read in its layout and fitting `target`, or CheckpointRefused."""
-    for flag, value in (("--block-size", request.block_size), ("--mask-token-id", request.mask_token_id)):
-        if value is not None:
-            raise CheckpointRefused(f"{path} is an EAGLE-3 drafter: {flag} applies to DFlash only")
-    layout = read_layout(raw.config)
-    drafter, ids = _load_state(raw.state, layout, target, request)
+    options = _options(request)
+    layout = read_layout(raw.config, request.inert_config_keys)
+    drafter, ids, t2d_warnings = _load_state(raw.state, layout, target, request.layer_ids, options)
+    warnings = layout.keys.warnings + t2d_warnings
+    for warning in warnings:
+        log.warning("%s: %s", path, warning)
     log.info(
         "loaded EAGLE-3 (%s layout) %s checkpoint %s (step %s): layer ids %s as %s (%s) = target layers %s (%s)",
         layout.layout,
@@ -50,7 +54,19 @@ def load_eagle3(path: Path, raw: RawCheckpoint, target: ModelInfo, request: Load
     )
     cfg = layout.config
     return LoadedCheckpoint(
-        path, raw.format, "eagle3", layout.layout, cfg, drafter, ids, raw.step, raw.epoch, cfg.target_hidden_size
+        path,
+        raw.format,
+        "eagle3",
+        layout.layout,
+        cfg,
+        drafter,
+        ids,
+        raw.step,
+        raw.epoch,
+        cfg.target_hidden_size,
+        options=options,
+        inert_config_keys=layout.keys.inert,
+        warnings=warnings,
     )
 
 
@@ -68,7 +84,7 @@ def expected_shapes(cfg: Eagle3Config, num_taps: int) -> dict[str, tuple[int, ..
 
 def describe_eagle3(path: Path, raw: RawCheckpoint, request: LoadRequest) -> list[str]:
     """What `eval-worker inspect` says of an EAGLE-3 checkpoint, before any target is involved."""
-    layout = read_layout(raw.config)
+    layout = read_layout(raw.config, request.inert_config_keys)
     cfg = layout.config
     if layout.layer_ids is None:
         ids = "none written: EAGLE-3 defaults, layer inputs (2, L//2, L-3) = decoder outputs [1, L//2-1, L-4]"
@@ -87,7 +103,7 @@ def describe_eagle3(path: Path, raw: RawCheckpoint, request: LoadRequest) -> lis
         "lm_head tied to embed_tokens": cfg.tied_lm_head,
     }
     flags = [name for name, on in named.items() if on]
-    return [
+    lines = [
         f"checkpoint         {path}",
         f"format             {raw.format}",
         f"family             EAGLE-3, {layout.layout} layout",
@@ -102,12 +118,27 @@ def describe_eagle3(path: Path, raw: RawCheckpoint, request: LoadRequest) -> lis
         f"layer ids          {ids}",
         f"tensors            {len(raw.state)}",
     ]
+    return lines + inert_lines(layout.keys)
+
+
+def _options(request: LoadRequest) -> Eagle3Options:
+    """The request's EAGLE-3 block, else the defaults (CheckpointRefused for another family's block, which
+    the caller refuses first)."""
+    options = request.options or Eagle3Options()
+    if not isinstance(options, Eagle3Options):
+        raise CheckpointRefused(f"{options.family} options apply to {options.family} checkpoints, not EAGLE-3")
+    return options
 
 
 def _load_state(
-    state: Mapping[str, Tensor], layout: Eagle3Layout, target: ModelInfo, request: LoadRequest
-) -> tuple[Eagle3Drafter, ResolvedLayerIds]:
-    """The drafter `state` (keys as the layout names them) holds, for `target`, and its layer ids."""
+    state: Mapping[str, Tensor],
+    layout: Eagle3Layout,
+    target: ModelInfo,
+    layer_ids_override: tuple[int, ...] | None,
+    options: Eagle3Options,
+) -> tuple[Eagle3Drafter, ResolvedLayerIds, tuple[str, ...]]:
+    """The drafter `state` (keys as the layout names them) holds, for `target`, its layer ids, and what
+    a report should say of its `t2d`."""
     cfg = layout.config
     _check_target(cfg, target)
     state = {
@@ -119,8 +150,8 @@ def _load_state(
     layer_ids = resolve_eagle3_layer_ids(
         checkpoint_ids=layout.layer_ids,
         layout_convention=layout.convention,
-        convention_override=request.layer_convention,
-        override=request.layer_ids,
+        convention_override=options.layer_convention,
+        override=layer_ids_override,
         fc_width=fc.shape[1],
         target_hidden_size=cfg.target_hidden_size,
         num_target_layers=target.num_layers,
@@ -140,14 +171,13 @@ def _load_state(
         )
     weights = {k: v for k, v in state.items() if k != "t2d"}
     weights["d2t"] = _d2t(state, cfg)
-    if "t2d" in state:
-        _check_t2d(state["t2d"], weights["d2t"], cfg)
+    t2d = _t2d_problem(state["t2d"], weights["d2t"], cfg) if "t2d" in state else None
     drafter = Eagle3Drafter(cfg, len(layer_ids.ids), has_embed=has_embed)
     try:
         drafter.load_state_dict(weights, strict=True)
     except RuntimeError as exc:  # unreachable after the checks above, but never continue on a bad load
         raise CheckpointRefused(f"load_state_dict(strict=True) failed: {exc}") from exc
-    return drafter.eval(), layer_ids
+    return drafter.eval(), layer_ids, (t2d,) if t2d is not None else ()
 
 
 def _tie(state: Mapping[str, Tensor], cfg: Eagle3Config) -> dict[str, Tensor]:
@@ -198,16 +228,22 @@ def _d2t(state: Mapping[str, Tensor], cfg: Eagle3Config) -> Tensor:
     return d2t.long()
 
 
-def _check_t2d(t2d: Tensor, d2t: Tensor, cfg: Eagle3Config) -> None:
-    """t2d (which target ids the draft vocab holds) restates d2t; a checkpoint where they disagree is refused."""
+def _t2d_problem(t2d: Tensor, d2t: Tensor, cfg: Eagle3Config) -> str | None:
+    """How `t2d` (which target ids the draft vocab holds) fails to restate `d2t`, or None when it does.
+
+    vLLM's EAGLE-3 `load_weights` skips `t2d` and drafts through `d2t` alone, so a `t2d` that disagrees,
+    or is malformed, changes nothing an engine computes: a warning, never a refusal."""
+    ignored = "; t2d is not read (vLLM reads d2t only), so drafting follows d2t"
     if tuple(t2d.shape) != (cfg.vocab_size,) or t2d.dtype != torch.bool:
-        raise CheckpointRefused(
-            f"t2d has shape {list(t2d.shape)} and dtype {t2d.dtype}, expected bool [{cfg.vocab_size}]"
-        )
+        return f"t2d has shape {list(t2d.shape)} and dtype {t2d.dtype}, expected bool [{cfg.vocab_size}]{ignored}"
     held = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     held[torch.arange(cfg.draft_vocab_size) + d2t] = True
-    if not torch.equal(t2d, held):
-        raise CheckpointRefused(
-            f"t2d marks other target ids ({int(t2d.sum())}) than the {cfg.draft_vocab_size} "
-            "that d2t maps the draft vocab to"
-        )
+    differ = (t2d != held).nonzero().flatten()
+    if differ.numel() == 0:
+        return None
+    first = int(differ[0])
+    return (
+        f"t2d disagrees with d2t: t2d marks {int(t2d.sum())} target ids, d2t maps the {cfg.draft_vocab_size} "
+        f"draft ids to {int(held.sum())}; they differ at {differ.numel()} target ids, the first {first} "
+        f"(t2d {bool(t2d[first])}, d2t {bool(held[first])}){ignored}"
+    )

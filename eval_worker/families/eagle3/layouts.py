@@ -7,9 +7,9 @@
 - **speculators** (vLLM): `speculators_model_type: "eagle3"`, a nested `transformer_layer_config`, keys
   `layers.0.*` (+ `input_norm` for `norm_before_fc`), ids in the layer-input convention.
 
-Every config key is either honoured or known not to change the math; any other key, or a known one
-with a value this drafter does not implement, refuses the checkpoint. `norm_output` means different
-things in SpecForge (logits read `norm(x)`, default on) and speculators (later steps read `norm(x)`).
+Every config key is either honoured or known not to change the math; any other key the user did not name
+inert, or a known one with a value this drafter does not implement, refuses the checkpoint. `norm_output`
+means different things in SpecForge (logits read `norm(x)`, default on) and speculators (later steps read `norm(x)`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from eval_worker.checkpoints.config_keys import INERT, check_keys
+from eval_worker.checkpoints.config_keys import INERT, KeysAccepted, check_keys
 from eval_worker.checkpoints.layer_ids import LayerConvention
 from eval_worker.errors import CheckpointRefused
 from eval_worker.families.eagle3.config import Eagle3Config, FeatureNorm
@@ -55,6 +55,7 @@ class Eagle3Layout:
     layer_ids: tuple[int, ...] | None  # as written; None: the layout's defaults apply
     convention: LayerConvention
     key_prefix: str  # the decoder layer's key prefix in this layout ("midlayer." or "layers.0.")
+    keys: KeysAccepted  # config keys accepted because the request named them inert
 
 
 def is_eagle3(raw: Mapping[str, Any]) -> bool:
@@ -74,20 +75,24 @@ def is_eagle3(raw: Mapping[str, Any]) -> bool:
     return "draft_vocab_size" in raw or any("eagle3" in a.lower() for a in archs)
 
 
-def read_layout(raw: Mapping[str, Any]) -> Eagle3Layout:
-    """The layout of an EAGLE-3 config dict, refusing what this drafter would not compute exactly."""
+def read_layout(raw: Mapping[str, Any], inert: frozenset[str] = frozenset()) -> Eagle3Layout:
+    """The layout of an EAGLE-3 config dict, refusing what this drafter would not compute exactly; keys
+    no layout knows are accepted only when `inert` names them (in any block: top level or nested)."""
     if "speculators_model_type" in raw:
-        return _speculators(raw)
+        return _speculators(raw, inert)
     if _SPECFORGE_FIELDS & raw.keys():
-        return _specforge(raw)
-    check_keys(raw, INERT | _SHAPE | _FIXED.keys() | _ATTENTION | _EAGLE_FIELDS, "EAGLE")
-    return Eagle3Layout("eagle", _layer_config(raw, raw), None, "layer_input", "midlayer.")
+        return _specforge(raw, inert)
+    keys = check_keys(raw, INERT | _SHAPE | _FIXED.keys() | _ATTENTION | _EAGLE_FIELDS, "EAGLE", inert)
+    return Eagle3Layout("eagle", _layer_config(raw, raw), None, "layer_input", "midlayer.", keys)
 
 
-def _specforge(raw: Mapping[str, Any]) -> Eagle3Layout:
-    check_keys(raw, INERT | _SHAPE | _FIXED.keys() | _ATTENTION | _EAGLE_FIELDS | _SPECFORGE_FIELDS, "SpecForge")
+def _specforge(raw: Mapping[str, Any], inert: frozenset[str]) -> Eagle3Layout:
+    known = INERT | _SHAPE | _FIXED.keys() | _ATTENTION | _EAGLE_FIELDS | _SPECFORGE_FIELDS
+    keys = check_keys(raw, known, "SpecForge", inert)
     eagle_config = _mapping(raw.get("eagle_config") or {}, "eagle_config")
-    check_keys(eagle_config, {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state"}, "SpecForge eagle_config")
+    keys |= check_keys(
+        eagle_config, {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state"}, "SpecForge eagle_config", inert
+    )
     if eagle_config.get("use_aux_hidden_state", True) is not True:
         raise CheckpointRefused("eagle_config.use_aux_hidden_state is false: an EAGLE-3 drafter reads its 3 taps")
     cfg = replace(
@@ -101,15 +106,17 @@ def _specforge(raw: Mapping[str, Any]) -> Eagle3Layout:
         _ids(eagle_config.get("eagle_aux_hidden_state_layer_ids")),
         "decoder_output_0based",
         "midlayer.",
+        keys,
     )
 
 
-def _speculators(raw: Mapping[str, Any]) -> Eagle3Layout:
+def _speculators(raw: Mapping[str, Any], inert: frozenset[str]) -> Eagle3Layout:
     if raw["speculators_model_type"] != "eagle3":
         raise CheckpointRefused(f"speculators_model_type {raw['speculators_model_type']!r} is not an EAGLE-3 drafter")
-    check_keys(raw, INERT | _SPECULATORS_FIELDS | {"tie_word_embeddings"}, "speculators")
+    keys = check_keys(raw, INERT | _SPECULATORS_FIELDS | {"tie_word_embeddings"}, "speculators", inert)
     layer = _mapping(raw.get("transformer_layer_config"), "transformer_layer_config")
-    check_keys(layer, INERT | _SHAPE | _FIXED.keys() | _ATTENTION, "speculators transformer_layer_config")
+    where = "speculators transformer_layer_config"
+    keys |= check_keys(layer, INERT | _SHAPE | _FIXED.keys() | _ATTENTION, where, inert)
     layer_type = layer.get("model_type", "qwen3")  # speculators' own default layer is Qwen3
     if layer_type not in ("llama", "qwen3"):
         raise CheckpointRefused(f"transformer_layer_config.model_type {layer_type!r}: only llama and qwen3 layers")
@@ -127,7 +134,7 @@ def _speculators(raw: Mapping[str, Any]) -> Eagle3Layout:
         speculative_tokens=_speculative_tokens(raw.get("speculators_config")),
     )
     return Eagle3Layout(
-        "speculators", cfg, _ids(raw.get("eagle_aux_hidden_state_layer_ids")), "layer_input", "layers.0."
+        "speculators", cfg, _ids(raw.get("eagle_aux_hidden_state_layer_ids")), "layer_input", "layers.0.", keys
     )
 
 

@@ -25,7 +25,7 @@ from torch import Tensor
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.probabilistic import PAST_END, AnchorCells, draft_token_probs, expected_chains
-from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost, PromptFeatures, TargetNorm
 from eval_worker.families.eagle3.drafter import Eagle3Context, Eagle3Drafter, NodeBatch
 from eval_worker.families.eagle3.walks import eagle3_steps
 from schemas.report import ExpectedRounds
@@ -106,7 +106,7 @@ def expected_eagle3_prompts(
     sampling: Sequence[SamplingParams],
     embed_tokens: Tensor,
     lm_head: Tensor,
-    final_norm: tuple[Tensor, float],
+    final_norm: TargetNorm,
     *,
     steps: int,
     cost: DraftCost,
@@ -116,7 +116,7 @@ def expected_eagle3_prompts(
     prompt's `sampling`; `embed_tokens` [V, H] is what the drafter embeds tokens with.
 
     `last_layers[i]` [T_i, H] is the target's last decoder layer (raw, before the final norm) over prompt
-    i's tokens; `final_norm` is that norm's weight [H] and eps; `lm_head` [V, H] the target's."""
+    i's tokens; `final_norm` is that norm; `lm_head` [V, H] the target's."""
     cells = AnchorCells.of(prompts, sampling, steps)
     if len(cells.anchors):
         started = time.perf_counter()
@@ -138,14 +138,12 @@ def expected_eagle3(
     prompts: Sequence[PromptFeatures],
     last_layers: Sequence[Tensor],
     sampling: Sequence[SamplingParams],
-    embed: Tensor,
-    lm_head: Tensor,
-    final_norm: tuple[Tensor, float],
+    heads: DeviceHeads,
     opts: EvalOptions,
     cost: DraftCost,
 ) -> list[ExpectedRounds]:
     """The EAGLE-3 family's chain (`eagle3_steps` drafts) under probabilistic drafting, per prompt
-    (`expected_eagle3_prompts`): the drafter's own embedding when it has one, else the target's `embed`."""
+    (`expected_eagle3_prompts`): the drafter's own embedding when it has one, else the target's."""
     drafter = checkpoint.drafter
     assert isinstance(drafter, Eagle3Drafter)
     return expected_eagle3_prompts(
@@ -153,10 +151,10 @@ def expected_eagle3(
         prompts,
         last_layers,
         sampling,
-        drafter.embed_tokens.weight if drafter.has_embed else embed,
-        lm_head,
-        final_norm,
-        steps=eagle3_steps(checkpoint, opts),
+        drafter.embed_tokens.weight if drafter.has_embed else heads.embed,
+        heads.lm_head,
+        heads.norm(),
+        steps=eagle3_steps(checkpoint),
         cost=cost,
         max_rounds=opts.max_blocks,
     )

@@ -20,11 +20,13 @@ from torch import Tensor
 
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
 from eval_worker.evaluation.options import EvalOptions
-from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, ReportFields, Walked
+from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost, PromptFeatures, Walked
 from eval_worker.families.eagle3.config import Eagle3Config
 from eval_worker.families.eagle3.drafter import Eagle3Context, Eagle3Drafter, NodeBatch
 from eval_worker.scoring.eagle_tree import select_tree, stable_topk
 from eval_worker.scoring.summary import round_taus
+from schemas.eval_spec import Eagle3Options
+from schemas.report import Eagle3Drafting
 from schemas.trees import EagleTreeShape
 
 CHAIN = "chain"  # the walk key of the chain; trees are keyed by their shape ("TOPK,DEPTH,TOTAL")
@@ -197,42 +199,50 @@ def _tree_round(group: _Group, walks: list[_Walk], shape: EagleTreeShape, cost: 
     return [select_tree(all_scores[i], all_tokens[i], all_parents[i], shape).accepted(refs[i]) for i in range(m)]
 
 
-def eagle3_steps(checkpoint: LoadedCheckpoint, opts: EvalOptions) -> int:
-    """EAGLE-3 chain drafts per round: the option, else the checkpoint's own, else 5."""
+def eagle3_options(checkpoint: LoadedCheckpoint) -> Eagle3Options:
+    """The EAGLE-3 options a loaded checkpoint carries (its loader resolved them)."""
+    options = checkpoint.options
+    assert isinstance(options, Eagle3Options)
+    return options
+
+
+def eagle3_steps(checkpoint: LoadedCheckpoint) -> int:
+    """EAGLE-3 chain drafts per round: the options', else the checkpoint's own, else 5."""
     cfg = checkpoint.config
     assert isinstance(cfg, Eagle3Config)
-    return opts.steps or cfg.speculative_tokens or 5
+    return eagle3_options(checkpoint).steps or cfg.speculative_tokens or 5
 
 
 def walk_eagle3(
     checkpoint: LoadedCheckpoint,
     prompts: Sequence[PromptFeatures],
-    embed: Tensor,
-    lm_head: Tensor,
+    heads: DeviceHeads,
     opts: EvalOptions,
     cost: DraftCost,
 ) -> list[Walked]:
-    """The EAGLE-3 family's walk: the chain and every dynamic tree of `opts`, per prompt (the drafter's
-    own head; its own embedding when it has one, else the target's)."""
+    """The EAGLE-3 family's walk: the chain and every dynamic tree of the checkpoint's options (none when
+    `opts` walks the chain alone), per prompt (the drafter's own head; its own embedding when it has
+    one, else the target's)."""
     drafter = checkpoint.drafter
     assert isinstance(drafter, Eagle3Drafter)
+    trees = [EagleTreeShape.parse(t) for t in eagle3_options(checkpoint).eagle_trees] if opts.trees else []
     walked = walk_eagle_prompts(
         drafter,
         prompts,
-        drafter.embed_tokens.weight if drafter.has_embed else embed,
-        steps=eagle3_steps(checkpoint, opts),
-        trees=opts.eagle_trees,
+        drafter.embed_tokens.weight if drafter.has_embed else heads.embed,
+        steps=eagle3_steps(checkpoint),
+        trees=trees,
         cost=cost,
         max_rounds=opts.max_blocks,
     )
-    return [
-        Walked(taus[CHAIN], eagle_trees={t.key: round_taus(taus[t.key]) for t in opts.eagle_trees}) for taus in walked
-    ]
+    return [Walked(taus[CHAIN], eagle_trees={t.key: round_taus(taus[t.key]) for t in trees}) for taus in walked]
 
 
-def eagle3_report_fields(checkpoint: LoadedCheckpoint, opts: EvalOptions) -> ReportFields:
+def eagle3_report_fields(checkpoint: LoadedCheckpoint) -> Eagle3Drafting:
     """What an EAGLE-3 report says of its drafting: chain steps, draft vocab, EAGLE trees."""
     cfg = checkpoint.config
     assert isinstance(cfg, Eagle3Config)
-    trees = [t.key for t in opts.eagle_trees]
-    return ReportFields(None, None, eagle3_steps(checkpoint, opts), cfg.draft_vocab_size, [], trees)
+    trees = list(eagle3_options(checkpoint).eagle_trees)
+    return Eagle3Drafting(
+        family="eagle3", steps=eagle3_steps(checkpoint), draft_vocab_size=cfg.draft_vocab_size, eagle_trees=trees
+    )

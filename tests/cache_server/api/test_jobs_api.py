@@ -104,6 +104,38 @@ def test_bad_submissions(served, extra: dict, needle: str) -> None:  # type: ign
     assert needle in error_message(client.post("/jobs", json={"checkpoint": "hf", **extra}), 422)
 
 
+def test_a_flat_body_and_its_block_queue_the_same_spec(served) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = served
+    options = {"tree_budgets": [4], "block_size": 6, "mask_token_id": 3}
+    flat = client.post("/jobs", json={"checkpoint": "hf", **options})
+    block = client.post("/jobs", json={"checkpoint": "hf", "family_options": {"family": "dflash", **options}})
+    assert flat.status_code == block.status_code == 202, flat.text
+    assert flat.json()["spec"] == block.json()["spec"]
+    assert flat.json()["spec"]["family_options"] == {"family": "dflash", **options}
+    assert (flat.json()["tree_budgets"], flat.json()["block_size"]) == ([4], 6)  # what older clients read
+    steps = client.post("/jobs", json={"checkpoint": "hf", "family_options": {"family": "mtp", "steps": 3}})
+    assert (steps.json()["steps"], steps.json()["spec"]["family_options"]) == (3, {"family": "mtp", "steps": 3})
+    _drain(client)
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        ("../outside/hf/config.json", "resolves outside the checkpoint root"),
+        ("escape.pt/config.json", "resolves outside the checkpoint root"),
+        ("nope.json", "is not a file under"),
+        ("runs", "is not a file under"),
+    ],
+)
+def test_a_jobs_config_must_be_a_file_under_the_root(served, config: str, needle: str) -> None:  # type: ignore[no-untyped-def]
+    client, root, _ = served
+    r = client.post("/jobs", json={"checkpoint": "runs/step100.pt", "config": config})
+    assert needle in error_message(r, 422, "invalid_checkpoint_path")
+    ok = client.post("/jobs", json={"checkpoint": "runs/step100.pt", "config": "half/config.json"})
+    assert ok.status_code == 202 and ok.json()["spec"]["config"] == str((root / "half" / "config.json").resolve())
+    _drain(client)
+
+
 def test_unknown_prompt_ids_are_named(served) -> None:  # type: ignore[no-untyped-def]
     client, _, pids = served
     r = client.post("/jobs", json={"checkpoint": "hf", "prompts": [pids[0], "nope1", "nope2"]})

@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from cache_server.capture.heads import Heads
+from cache_server.capture.heads import FinalNorm, Heads
 from cache_server.capture.target import open_hf_target
 from cache_server.capture.tokenizer import stop_token_ids
+from testing.mtp_targets import save_deepseek_v3_mtp, save_qwen3_next_mtp
 from tests.cache_server.reference import direct_layer_outputs
 
 PROMPT = [5, 17, 300, 42, 9, 120, 77, 3, 250, 11]
@@ -69,3 +70,33 @@ def test_stop_ids_are_read_as_transformers_reads_them(tiny_target: Path) -> None
     model = AutoModelForCausalLM.from_pretrained(tiny_target)
     eos = model.generation_config.eos_token_id
     assert stop_token_ids(tiny_target) == ([] if eos is None else [eos] if isinstance(eos, int) else list(eos))
+
+
+@pytest.fixture(scope="module")
+def mtp_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny Qwen3-Next (a zero-centred final norm) and DeepSeek-V3 (a plain one) targets."""
+    root = tmp_path_factory.mktemp("norms")
+    return {
+        "qwen3_next": save_qwen3_next_mtp(root / "qwen3_next", linear_attention=False),
+        "deepseek_v3": save_deepseek_v3_mtp(root / "deepseek_v3"),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("kind", "zero_centered"), [("qwen3_next", True), ("deepseek_v3", False)])
+def test_final_norms_of_each_kind_are_the_models_bit_for_bit(
+    mtp_targets: dict[str, Path], kind: str, zero_centered: bool, dtype: torch.dtype
+) -> None:
+    target = mtp_targets[kind]
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).eval()
+    loaded, read = Heads.from_model(model).final_norm, Heads.from_checkpoint(target, dtype).final_norm
+    assert loaded is not None and read is not None
+    assert loaded.zero_centered == read.zero_centered == zero_centered
+    assert loaded.kind == read.kind == ("rmsnorm_zero_centered" if zero_centered else "rmsnorm")
+    assert torch.equal(read.weight, loaded.weight) and read.weight.dtype == dtype and read.eps == loaded.eps
+    last = direct_layer_outputs(target, PROMPT, dtype)[-1]  # [T, H] raw, before the final norm
+    with torch.inference_mode():
+        expected = model.model.norm(last)
+    assert torch.equal(read(last), expected) and torch.equal(loaded(last), expected)
+    # the other kind's formula is not the model's: the test tells the two apart
+    assert not torch.equal(FinalNorm(read.weight, read.eps, not zero_centered)(last), expected)

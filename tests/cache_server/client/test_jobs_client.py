@@ -18,6 +18,7 @@ from cache_server.client import (
     ReportNotReadyError,
     UnauthorizedError,
 )
+from schemas.eval_spec import DFlashOptions, EvalSpec
 from schemas.jobs import JobStatus
 from schemas.report import EvalReport
 from testing.servers import running_server
@@ -73,7 +74,9 @@ def test_a_job_through_a_real_server(tiny_target: Path, tmp_path: Path) -> None:
         [prompt] = client.register([{"token_ids": [4, 5, 6]}])
         with pytest.raises(UnauthorizedError):
             outsider.submit("hf")
-        job = jobs.submit("hf", prompts=[prompt.prompt_id], tree_budgets=[8, 32])
+        job = jobs.submit(
+            "hf", prompts=[prompt.prompt_id], spec=EvalSpec(family_options=DFlashOptions(tree_budgets=[8, 32]))
+        )
         assert (job.status, job.max_attempts) == (JobStatus.queued, 2)
         assert [j.job_id for j in outsider.jobs(JobStatus.queued)] == [job.job_id]  # reads are open
         with pytest.raises(ReportNotReadyError):

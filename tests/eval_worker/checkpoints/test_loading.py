@@ -9,10 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eval_worker.checkpoints.loading import load_checkpoint
+from eval_worker.checkpoints.loaded import LoadRequest
+from eval_worker.checkpoints.loading import load_checkpoint, load_with_spec
 from eval_worker.errors import CheckpointRefused
 from eval_worker.families.dflash.checkpoint import expected_shapes
 from eval_worker.families.dflash.config import DFlashConfig, HfLayout
+from schemas.eval_spec import DFlashOptions, Eagle3Options, EvalSpec, MtpOptions
 from testing.checkpoints import save_hf_checkpoint, save_torch_checkpoint
 from tests.eval_worker.helpers import random_drafter, small_config, small_target
 
@@ -173,27 +175,57 @@ def test_layer_ids_inferred_from_fc_width(tmp_path: Path, num_target_layers: int
 def test_layer_ids_override_when_checkpoint_has_none(tmp_path: Path) -> None:
     cfg = small_config(target_layer_ids=None)
     ckpt = save_hf_checkpoint(tmp_path / "c", random_drafter(cfg, 3))
-    loaded = load_checkpoint(ckpt, TARGET, layer_ids_override=[0, 3, 5])
+    loaded = load_checkpoint(ckpt, TARGET, LoadRequest(layer_ids=(0, 3, 5)))
     assert (loaded.target_layer_ids, loaded.layer_ids_source) == ((0, 3, 5), "override")
 
 
 def test_hf_dir_without_weights_is_refused(tmp_path: Path) -> None:
     ckpt = _hf_dir(tmp_path)
     (ckpt / "model.safetensors").unlink()
-    with pytest.raises(CheckpointRefused, match=r"neither model\.safetensors nor pytorch_model\.bin"):
+    with pytest.raises(CheckpointRefused, match=r"none of model\.safetensors, .* and pytorch_model\.bin"):
         load_checkpoint(ckpt, TARGET)
 
 
 def test_block_size_override_replaces_the_configs(tmp_path: Path) -> None:
     ckpt = _hf_dir(tmp_path)
     assert load_checkpoint(ckpt, TARGET).config.block_size == 5
-    assert load_checkpoint(ckpt, TARGET, block_size_override=16).config.block_size == 16
+    assert load_checkpoint(ckpt, TARGET, _block(16)).config.block_size == 16
     raw = json.loads((ckpt / "config.json").read_text())
     del raw["block_size"]
     _rewrite(ckpt, config=raw)
     with pytest.raises(CheckpointRefused, match="lacks 'block_size'"):
         load_checkpoint(ckpt, TARGET)
-    assert load_checkpoint(ckpt, TARGET, block_size_override=8).config.block_size == 8
+    assert load_checkpoint(ckpt, TARGET, _block(8)).config.block_size == 8
+
+
+def _block(size: int) -> LoadRequest:
+    return LoadRequest(options=DFlashOptions(block_size=size))
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (Eagle3Options(steps=3), r"DFlash family: the options given \(steps\) are the EAGLE-3 family's"),
+        (MtpOptions(), r"DFlash family: the options given are the MTP family's"),
+    ],
+)
+def test_options_of_another_family_are_refused_naming_both(
+    tmp_path: Path, options: Eagle3Options | MtpOptions, named: str
+) -> None:
+    with pytest.raises(CheckpointRefused, match=named):
+        load_checkpoint(_hf_dir(tmp_path), TARGET, LoadRequest(options=options))
+
+
+def test_a_spec_loads_with_its_config_file_layers_and_block(tmp_path: Path) -> None:
+    cfg = small_config(target_layer_ids=None)
+    drafter = random_drafter(cfg, 3)
+    path = save_torch_checkpoint(tmp_path / "c.pt", drafter, global_step=5, epoch=0, include_config=False)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(cfg.to_hf_dict("top_level")))
+    spec = EvalSpec(config=str(config), target_layer_ids=[0, 3, 5], family_options=DFlashOptions(block_size=7))
+    loaded = load_with_spec(path, TARGET, spec)
+    assert (loaded.step, loaded.target_layer_ids, loaded.config.block_size) == (5, (0, 3, 5), 7)  # type: ignore[attr-defined]
+    assert loaded.options == DFlashOptions(block_size=7)
 
 
 def test_missing_path_is_refused(tmp_path: Path) -> None:

@@ -14,13 +14,15 @@ from safetensors.torch import load_file
 
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
+from eval_worker.checkpoints.loaded import LoadRequest
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
 from eval_worker.errors import CheckpointRefused
 from eval_worker.exit_codes import ExitCode
 from eval_worker.families.eagle3.drafter import Eagle3Drafter
+from schemas.eval_spec import DFlashOptions
 from schemas.model import ModelInfo
-from schemas.report import EvalReport
+from schemas.report import Eagle3Drafting, EvalReport
 from testing.peers import peers_python, speculators_drafts, write_peer_checkpoints
 from testing.servers import running_server
 
@@ -93,9 +95,10 @@ def test_a_dflash_config_without_a_mask_token_names_the_flag(
     path = written["specforge_dflash_no_mask"]
     with pytest.raises(CheckpointRefused, match=r"names no mask_token_id.*pass --mask-token-id"):
         load_checkpoint(path, TARGET)
-    assert load_checkpoint(path, TARGET, mask_token_id=3).config.mask_token_id == 3  # type: ignore[union-attr]
+    mask = LoadRequest(options=DFlashOptions(mask_token_id=3))
+    assert load_checkpoint(path, TARGET, mask).config.mask_token_id == 3  # type: ignore[union-attr]
     with pytest.raises(CheckpointRefused, match="--mask-token-id 4 contradicts the config's mask_token_id 3"):
-        load_checkpoint(written["specforge_dflash"], TARGET, mask_token_id=4)
+        load_checkpoint(written["specforge_dflash"], TARGET, LoadRequest(options=DFlashOptions(mask_token_id=4)))
     assert main(["inspect", str(path)]) == ExitCode.refused
     assert "--mask-token-id" in capsys.readouterr().err
     assert main(["inspect", str(path), "--mask-token-id", "3"]) == 0
@@ -119,7 +122,8 @@ def test_the_speculators_checkpoint_evaluates_through_a_real_server(
     argv = ["evaluate", str(written["speculators_eagle3"]), "--server", served, "--all-prompts", "--device", "cpu"]
     assert main([*argv, "--out", str(out)]) == 0
     report = EvalReport.model_validate_json(out.read_text())
-    assert (report.drafter_family, report.layout, report.steps) == ("eagle3", "speculators", 3)
+    assert (report.drafter_family, report.layout) == ("eagle3", "speculators")
+    assert isinstance(report.drafting, Eagle3Drafting) and report.drafting.steps == 3
     assert (report.target_layer_ids, report.checkpoint_layer_ids) == ([1, 3, 4], [2, 4, 5])
     assert len(report.prompts) == 3 and report.summary.chain.mean_tau is not None
     assert report.summary.chain.mean_tau >= 1.0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,12 +19,14 @@ from eval_worker.errors import CheckpointRefused, FeatureMismatch
 from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
+from eval_worker.evaluation.walk_types import DeviceHeads
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.families.dflash.walks import CHAIN
+from schemas.eval_spec import DFlashOptions
 from schemas.hidden import HiddenMetadata
 from schemas.layers import LAYER_CONVENTION
 from schemas.model import ModelInfo
-from schemas.report import EvalReport
+from schemas.report import DFlashDrafting, EvalReport
 from testing.all_anchor import all_anchor_taus
 from testing.checkpoints import save_hf_checkpoint, save_torch_checkpoint
 from testing.live_loop import target_heads
@@ -90,7 +94,8 @@ def _evaluate(source: TinySource, ckpt: LoadedCheckpoint, cache_dir: Path, **opt
 def test_report_matches_the_offline_walk(
     source: TinySource, checkpoint: LoadedCheckpoint, target: Any, sequences: Sequences, tmp_path: Path
 ) -> None:
-    report = _evaluate(source, checkpoint, tmp_path, tree_budgets=(2, 6), max_blocks=5, group_tokens=90)
+    treed = dataclasses.replace(checkpoint, options=DFlashOptions(tree_budgets=[2, 6]))  # trees: the checkpoint's
+    report = _evaluate(source, treed, tmp_path, max_blocks=5, group_tokens=90)
     embed, head = target_heads(target)
     for prompt, ids, taps, n in zip(
         report.prompts, sequences.token_ids, sequences.taps, sequences.prompt_lens, strict=True
@@ -109,7 +114,9 @@ def test_report_matches_the_offline_walk(
         "checkpoint",
         "hf_dir",
     )
-    assert (report.block_size, report.target_fingerprint, report.dtype) == (BLOCK_SIZE, "tiny-fp", "float32")
+    assert (report.target_fingerprint, report.dtype) == ("tiny-fp", "float32")
+    mask = checkpoint.drafter.cfg.mask_token_id
+    assert report.drafting == DFlashDrafting(block_size=BLOCK_SIZE, mask_token_id=mask, tree_budgets=[2, 6])
     assert set(report.summary.trees) == {2, 6}
     assert EvalReport.model_validate_json(report.model_dump_json()) == report
     cost = report.summary.cost
@@ -179,7 +186,7 @@ class Slice(TinySource):
     [
         (WrongLayers, FeatureMismatch, r"requested layers \[1, 3, 5\], the cache served \[3, 1, 5\]"),
         (OtherTarget, FeatureMismatch, "features are from target 'x'"),
-        (FourTaps, CheckpointRefused, r"served features have shape \[\d+, 256\].*fc.weight \[64, 192\]"),
+        (FourTaps, CheckpointRefused, r"served features have shape \[\d+, 256\].*reads 3 layers .* 192 per token"),
         (Slice, FeatureMismatch, "need the whole sequence"),
     ],
 )
@@ -242,3 +249,23 @@ def test_responses_that_are_not_target_greedy_are_counted_and_flagged(
     assert report.summary.prompts_not_target_greedy == 1
     assert [p.greedy_mismatches for p in report.prompts][:2] == [3, 0]
     assert "not the target's greedy continuation" in caplog.text and "p0" in caplog.text
+
+
+def test_the_report_names_the_keys_loading_accepted_and_its_warnings(
+    source: TinySource, checkpoint: LoadedCheckpoint, tmp_path: Path
+) -> None:
+    accepted = dataclasses.replace(checkpoint, inert_config_keys=("wandb_id",), warnings=("t2d ignored",))
+    report = _evaluate(source, accepted, tmp_path)
+    assert (report.inert_config_keys, report.warnings) == (["wandb_id"], ["t2d ignored"])
+    assert (_evaluate(source, checkpoint, tmp_path).inert_config_keys, report.drafting.family) == ([], "dflash")
+
+
+def test_the_final_norm_is_on_the_device_whenever_the_cache_serves_one() -> None:
+    embed, lm_head = np.ones((4, 2), np.float32), np.ones((4, 2), np.float32)
+    served = TargetHeads(embed, lm_head, "fp", np.full(2, 2.0, np.float32), 1e-6)
+    heads = DeviceHeads.of(served, EvalOptions(progress=False))  # greedy drafting: the norm comes too
+    assert heads.final_norm is not None and heads.norm().eps == 1e-6 and not heads.norm().zero_centered
+    plain = TargetHeads(embed, lm_head, "fp")
+    assert DeviceHeads.of(plain, EvalOptions()).final_norm is None
+    with pytest.raises(FeatureMismatch, match="use --draft-sampling greedy"):
+        DeviceHeads.of(plain, EvalOptions(draft_sampling="probabilistic"))

@@ -36,7 +36,7 @@ from eval_worker.evaluation.probabilistic import (
     path_target_probs,
     target_logits,
 )
-from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
+from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures, TargetNorm
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.families.dflash.probabilistic import expected_dflash_prompts
 from eval_worker.families.dflash.walks import CHAIN, walk_prompts
@@ -73,9 +73,9 @@ class Peaked:
     eagle3: Eagle3Drafter
 
     @property
-    def final_norm(self) -> tuple[Tensor, float]:
+    def final_norm(self) -> TargetNorm:
         norm = self.target.model.norm
-        return norm.weight.detach(), float(norm.variance_epsilon)
+        return TargetNorm(norm.weight.detach(), float(norm.variance_epsilon))
 
     def expected(self, family: str, cost: DraftCost) -> Expected:
         """The family's offline expected rounds over prompts, their last layers and sampling."""

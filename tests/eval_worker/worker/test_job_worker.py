@@ -20,6 +20,7 @@ from cache_server.client import CacheClient, JobsClient
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
+from schemas.eval_spec import DFlashOptions, EvalSpec
 from schemas.jobs import JobState, JobStatus
 from testing.checkpoints import save_torch_checkpoint
 from testing.servers import HIDDEN_REQUESTS, free_port, running_server, server_metric
@@ -83,7 +84,9 @@ def test_a_killed_workers_job_completes_on_another_worker(tiny_target: Path, che
         _register(url)
         with CacheClient(url) as client:
             jobs = JobsClient(client)
-            job = jobs.submit("step_0.pt", tree_budgets=[512])  # a few seconds of work: killed mid-way
+            job = jobs.submit(
+                "step_0.pt", spec=EvalSpec(family_options=DFlashOptions(tree_budgets=[512]))
+            )  # a few seconds of work: killed mid-way
             with _worker(url, "doomed", tmp_path) as doomed:
 
                 def running_on_doomed() -> bool:
@@ -110,7 +113,12 @@ def test_many_workers_many_jobs_across_a_server_restart(tiny_target: Path, check
         with running_server(tiny_target, store, *args, port=port) as url:
             _register(url)
             with CacheClient(url) as client:
-                submitted = [JobsClient(client).submit(f"step_{i}.pt", tree_budgets=[64]) for i in range(6)]
+                submitted = [
+                    JobsClient(client).submit(
+                        f"step_{i}.pt", spec=EvalSpec(family_options=DFlashOptions(tree_budgets=[64]))
+                    )
+                    for i in range(6)
+                ]
             for name in ("w1", "w2", "w3"):
                 workers.enter_context(_worker(url, name, tmp_path))
             with CacheClient(url) as client:
@@ -151,8 +159,13 @@ def test_a_batch_of_jobs_shares_one_pass_and_each_gets_its_own_outcome(
         ids = _register(url)
         with CacheClient(url) as client:
             jobs = JobsClient(client)
-            good = [jobs.submit(f"step_{i}.pt", tree_budgets=[4]) for i in range(3)]
-            refused = jobs.submit("bad/four_layers_batch.pt", tree_budgets=[4])
+            good = [
+                jobs.submit(f"step_{i}.pt", spec=EvalSpec(family_options=DFlashOptions(tree_budgets=[4])))
+                for i in range(3)
+            ]
+            refused = jobs.submit(
+                "bad/four_layers_batch.pt", spec=EvalSpec(family_options=DFlashOptions(tree_budgets=[4]))
+            )
             settings = WorkerSettings(server=url, device="cpu", heads_cache=tmp_path / "heads", max_batch_jobs=4)
             worker = JobWorker(client, settings)
             before = server_metric(url, HIDDEN_REQUESTS)
@@ -164,7 +177,7 @@ def test_a_batch_of_jobs_shares_one_pass_and_each_gets_its_own_outcome(
             failed = jobs.job(refused.job_id)
             assert (failed.status, failed.attempts) == (JobStatus.failed, 1) and "refused" in (failed.error or "")
             before = server_metric(url, HIDDEN_REQUESTS)
-            again = jobs.submit("step_3.pt", tree_budgets=[4])
+            again = jobs.submit("step_3.pt", spec=EvalSpec(family_options=DFlashOptions(tree_budgets=[4])))
             assert worker.run_one()  # the next job finds every prompt resident in the worker
             assert server_metric(url, HIDDEN_REQUESTS) == before
             cost = jobs.report(again.job_id).summary.cost
