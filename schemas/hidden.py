@@ -12,7 +12,7 @@ HIDDEN_TENSOR = "hidden"
 TOKEN_IDS_TENSOR = "token_ids"
 EMBED_TENSOR = "embed_tokens.weight"
 LM_HEAD_TENSOR = "lm_head.weight"
-FINAL_NORM_TENSOR = "norm.weight"  # the target's final RMSNorm, when it is the plain (Llama) one
+FINAL_NORM_TENSOR = "norm.weight"  # the target's final RMSNorm (plain or zero-centred: metadata final_norm_kind)
 
 
 class HiddenMetadata(BaseModel):

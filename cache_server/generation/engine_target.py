@@ -54,8 +54,8 @@ def open_engine_target(
     heads = Heads.from_checkpoint(model_dir, TORCH_DTYPES[launch.dtype])
     if heads.final_norm is None:
         raise EngineUnfit(
-            f"{model_dir.name}'s final norm is not a plain RMSNorm: responses cannot be checked from the engine's "
-            "states (capture it in-process: --capture hf)"
+            f"{model_dir.name}'s final norm is not an RMSNorm the cache serves: responses cannot be checked from the "
+            "engine's states (capture it in-process: --capture hf)"
         )
     capturer = EngineCapturer(
         engine,

@@ -56,14 +56,14 @@ def block_config(layout: MtpLayout, hf_config: Any) -> Any:
     cfg = copy.deepcopy(hf_config)
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"  # the plain loop over experts, as a standalone module runs it
-    if layout.name == "qwen3_next":
+    if getattr(cfg, "layer_types", None):  # hybrids: the head is a full-attention layer
         cfg.layer_types = ["full_attention", *list(cfg.layer_types)[1:]]
     return cfg
 
 
 def block_index(layout: MtpLayout, hf_config: Any) -> int:
     """The layer index the block is built at: DeepSeek's head is layer L (MoE past first_k_dense_replace),
-    Qwen3-Next's is `mtp.layers.0` (vLLM reads its index from that name)."""
+    the Qwen heads' is `mtp.layers.0` (vLLM reads its index from that name)."""
     return int(hf_config.num_hidden_layers) if layout.name == "deepseek" else 0
 
 

@@ -5,7 +5,8 @@ tensor is, as the published checkpoints name them and vLLM 0.32 loads them.
   `enorm`, `hnorm`, `eh_proj`, `shared_head.norm` and a decoder block (every other key); its
   `embed_tokens` and `shared_head.head` copies are not read (vLLM drafts with the target's
   embedding and lm_head). Embeddings at position 0 are zeroed.
-- **qwen3_next** (Qwen3-Next, `mtp_num_hidden_layers` heads): `mtp.` holds `fc`,
+- **qwen3_next**, **qwen3_5**, **qwen3_5_moe** (Qwen3-Next, and the text models of Qwen3.5 and
+  Qwen3.5-MoE; `num_nextn_predict_layers` or `mtp_num_hidden_layers` heads): `mtp.` holds `fc`,
   `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `norm` and the blocks `layers.{i}` (full attention).
 
 Either way a head reads `cat(norm_e(embed(token)), norm_h(h))` through a projection and one decoder
@@ -102,6 +103,26 @@ LAYOUTS = {
             rms_norm="Qwen3NextRMSNorm",
             rotary="Qwen3NextRotaryEmbedding",
             count_keys=("num_nextn_predict_layers", "mtp_num_hidden_layers"),  # vLLM's key, the published one
+            zero_position_0=False,
+        ),
+        MtpLayout(
+            name="qwen3_5",
+            model_types=("qwen3_5_text",),
+            module="qwen3_5",
+            decoder_layer="Qwen3_5DecoderLayer",
+            rms_norm="Qwen3_5RMSNorm",
+            rotary="Qwen3_5TextRotaryEmbedding",
+            count_keys=("mtp_num_hidden_layers",),
+            zero_position_0=False,
+        ),
+        MtpLayout(
+            name="qwen3_5_moe",
+            model_types=("qwen3_5_moe_text",),
+            module="qwen3_5_moe",
+            decoder_layer="Qwen3_5MoeDecoderLayer",
+            rms_norm="Qwen3_5MoeRMSNorm",
+            rotary="Qwen3_5MoeTextRotaryEmbedding",
+            count_keys=("mtp_num_hidden_layers",),
             zero_position_0=False,
         ),
     )

@@ -1,13 +1,16 @@
 """An MTP head evaluated against a real cache server on its own target (a tiny DeepSeek-V3 whose head sits
-in its checkpoint): `eval-worker evaluate TARGET_DIR` and the same spec as a job give one report, whose
-rounds are the independent live loop's (`testing/mtp_reference.py`) on every prompt."""
+in its checkpoint): `eval-worker evaluate TARGET_DIR` gives the rounds of the independent live loop
+(`testing/mtp_reference.py`) on every prompt, and an MTP-only checkpoint's job gives its local report."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from cache_server.client import CacheClient, JobsClient
 from eval_worker.cli import main
@@ -37,7 +40,24 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         yield url, target
 
 
-def test_evaluate_and_a_job_give_the_live_loops_rounds(served: tuple[str, Path], tmp_path: Path) -> None:
+def _mtp_only(target: Path, out: Path) -> Path:
+    """The head alone under its published names, beside the target's config with a trainer's own key."""
+    out.mkdir()
+    config = json.loads((target / "config.json").read_text()) | {"wandb_id": "run-7"}
+    (out / "config.json").write_text(json.dumps(config))
+    head = {k: v for k, v in load_file(target / "model.safetensors").items() if k.startswith("model.layers.2.")}
+    save_file(head, out / "model.safetensors")
+    return out
+
+
+def _comparable(report: EvalReport) -> dict[str, Any]:
+    out = report.model_dump(mode="json", exclude={"checkpoint_path"})
+    del out["summary"]["wall_time_s"], out["summary"]["cost"]["seconds"]
+    out["prompts"] = sorted(out["prompts"], key=lambda p: p["prompt_id"])
+    return out
+
+
+def test_evaluate_gives_the_live_loops_rounds(served: tuple[str, Path], tmp_path: Path) -> None:
     url, target = served
     local = tmp_path / "local.json"
     flags = ["--all-prompts", "--steps", str(STEPS), "--device", "cpu"]
@@ -49,24 +69,35 @@ def test_evaluate_and_a_job_give_the_live_loops_rounds(served: tuple[str, Path],
     reference = MtpReference(target)
     live = {tuple(p): reference.run(p, NEW_TOKENS, STEPS) for p in PROMPTS}
     with CacheClient(url) as client:
-        states = {s.prompt_id: s for s in client.prompts()}
         for prompt in report.prompts:
             tokens = client.hidden(prompt.prompt_id, [1]).token_ids.tolist()
             run = live[tuple(tokens[: prompt.prompt_len])]
             assert tokens[prompt.prompt_len :] == run.tokens  # the cached response is the target's greedy one
             assert prompt.chain.round_taus == run.round_taus()
-        assert len(states) == len(PROMPTS)
-        assert sum(a for run in live.values() for a in run.accepted) > 0
+    assert len(report.prompts) == len(PROMPTS)
+    assert sum(a for run in live.values() for a in run.accepted) > 0
 
+
+def test_a_job_gives_the_local_report(
+    served: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every MTP option through `submit`, `POST /jobs` and the worker, from an MTP-only checkpoint."""
+    url, target = served
+    monkeypatch.setenv("EVAL_WORKER_HEADS_CACHE", str(tmp_path / "heads"))
+    checkpoint = _mtp_only(target, target.parent / "mtp-only")
+    flags = ["--all-prompts", "--family", "mtp", "--steps", str(STEPS), "--inert-config-keys", "wandb_id"]
+    local = tmp_path / "local.json"
+    assert main(["evaluate", str(checkpoint), "--server", url, "--device", "cpu", *flags, "--out", str(local)]) == 0
+    submit = ["submit", str(checkpoint), "--server", url, "--checkpoint-root", str(target.parent)]
+    assert main([*submit, *flags[1:]]) == 0
+    with CacheClient(url) as client:
         jobs = JobsClient(client)
-        spec = EvalSpec(family_options=MtpOptions(steps=STEPS))
-        job = jobs.submit("deepseek", spec=spec)
+        [job] = [j for j in jobs.jobs() if j.checkpoint_relative == "mtp-only"]
+        assert job.spec == EvalSpec(inert_config_keys=["wandb_id"], family_options=MtpOptions(steps=STEPS))
         worker = JobWorker(client, WorkerSettings(server=url, device="cpu", heads_cache=tmp_path / "heads"))
         assert worker.run_one()
         final = jobs.job(job.job_id)
         assert final.status == JobStatus.done, final.error
         from_job = jobs.report(job.job_id)
-    assert [p.chain for p in sorted(from_job.prompts, key=lambda p: p.prompt_id)] == [
-        p.chain for p in sorted(report.prompts, key=lambda p: p.prompt_id)
-    ]
-    assert from_job.drafting == report.drafting
+    assert from_job.inert_config_keys == ["wandb_id"]
+    assert _comparable(from_job) == _comparable(EvalReport.model_validate_json(local.read_text()))

@@ -17,7 +17,7 @@ from eval_worker.families import FAMILIES, family_of
 from schemas.eval_spec import MtpOptions
 from schemas.model import ModelInfo
 from testing.mtp_reference import MtpReference
-from testing.mtp_targets import Tuning, save_deepseek_v3_mtp, save_qwen3_next_mtp
+from testing.mtp_targets import Tuning, save_deepseek_v3_mtp, save_qwen3_5_mtp, save_qwen3_next_mtp
 
 PROMPTS = [[5, 17, 3, 99, 250], [1, 2, 3], [400, 7, 7, 7, 31, 8, 2]]
 NEW_TOKENS = 24
@@ -27,10 +27,12 @@ TUNING = Tuning(0.1, 6.0, 3.0)  # drafts accepted often enough that every positi
 def _target(kind: str, root: Path) -> Path:
     if kind == "deepseek":
         return save_deepseek_v3_mtp(root / kind, tuning=TUNING)
-    return save_qwen3_next_mtp(root / kind, linear_attention=False, tuning=TUNING)
+    if kind == "qwen3_next":
+        return save_qwen3_next_mtp(root / kind, linear_attention=False, tuning=TUNING)
+    return save_qwen3_5_mtp(root / kind, moe=kind == "qwen3_5_moe", linear_attention=False, tuning=TUNING)
 
 
-@pytest.fixture(scope="module", params=["deepseek", "qwen3_next"])
+@pytest.fixture(scope="module", params=["deepseek", "qwen3_next", "qwen3_5", "qwen3_5_moe"])
 def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _target(request.param, tmp_path_factory.mktemp("mtp"))
 
@@ -69,7 +71,7 @@ def test_rounds_equal_the_live_loop(target: Path, steps: int) -> None:
     assert family.name == "mtp"
     loaded = family.load(target, raw, _info(model, target.name), LoadRequest(options=MtpOptions(steps=steps)))
     norm = model.model.norm
-    zero_centered = loaded.layout == "qwen3_next"  # (1 + w) * x, as Qwen3NextRMSNorm computes it
+    zero_centered = loaded.layout != "deepseek"  # (1 + w) * x, as the Qwen norms compute it
     eps = float(norm.eps if zero_centered else norm.variance_epsilon)
     heads = DeviceHeads(
         model.model.embed_tokens.weight.detach(),
