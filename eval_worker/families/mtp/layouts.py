@@ -69,7 +69,7 @@ class MtpLayout:
         if not key.startswith(prefix):
             return None
         rest = key.removeprefix(prefix)
-        for old, new in self._parts.items():
+        for old, new in self.parts.items():
             if rest.startswith(old + "."):
                 return new + rest.removeprefix(old)
         if self.name == "deepseek":
@@ -77,7 +77,8 @@ class MtpLayout:
         return "block." + rest.removeprefix("layers.0.") if rest.startswith("layers.0.") else None
 
     @property
-    def _parts(self) -> dict[str, str]:
+    def parts(self) -> dict[str, str]:
+        """Published part name -> the drafter's, for the head's norms and projection."""
         return _DEEPSEEK_PARTS if self.name == "deepseek" else _QWEN3_NEXT_PARTS
 
 
