@@ -13,6 +13,8 @@ TOKEN_IDS_TENSOR = "token_ids"
 EMBED_TENSOR = "embed_tokens.weight"
 LM_HEAD_TENSOR = "lm_head.weight"
 FINAL_NORM_TENSOR = "norm.weight"  # the target's final RMSNorm (plain or zero-centred: metadata final_norm_kind)
+# `final_norm_kind`: weight * x / rms(x) (Llama, DeepSeek-V3), or (1 + weight) * x / rms(x) (Qwen3-Next, Qwen3.5)
+PLAIN_NORM_KIND, ZERO_CENTERED_NORM_KIND = "rmsnorm", "rmsnorm_zero_centered"
 
 
 class HiddenMetadata(BaseModel):

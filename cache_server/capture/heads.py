@@ -15,6 +15,7 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from cache_server.sampling import filtered_logits
+from schemas.hidden import PLAIN_NORM_KIND, ZERO_CENTERED_NORM_KIND
 from schemas.sampling import SamplingParams
 
 # Final norms computed exactly as `weight * x / sqrt(mean(x^2) + eps)` (x in fp32, cast back before the weight).
@@ -33,7 +34,6 @@ ZERO_CENTERED_RMSNORMS = {"Qwen3NextRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNo
 PLAIN_RMSNORM_MODEL_TYPES = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "deepseek_v3"}
 ZERO_CENTERED_RMSNORM_MODEL_TYPES = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
 # `final_norm_kind` on the wire (`GET /target/heads`).
-PLAIN_KIND, ZERO_CENTERED_KIND = "rmsnorm", "rmsnorm_zero_centered"
 EMBED_KEY, LM_HEAD_KEY, NORM_KEY = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
 # Positions per lm_head chunk when checking responses: 1024 x 152k vocab fp32 = 0.6 GB.
 _ARGMAX_ROWS = 1024
@@ -51,7 +51,7 @@ class FinalNorm:
     @property
     def kind(self) -> str:
         """Its `final_norm_kind` on the wire: "rmsnorm" or "rmsnorm_zero_centered"."""
-        return ZERO_CENTERED_KIND if self.zero_centered else PLAIN_KIND
+        return ZERO_CENTERED_NORM_KIND if self.zero_centered else PLAIN_NORM_KIND
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """[T, H] raw last-layer output -> normed, as transformers' norm of that kind computes it: the

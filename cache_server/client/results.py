@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 import ml_dtypes
 import numpy as np
 
-from schemas.hidden import EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, HiddenMetadata
+from schemas.hidden import (
+    EMBED_TENSOR,
+    FINAL_NORM_TENSOR,
+    LM_HEAD_TENSOR,
+    PLAIN_NORM_KIND,
+    ZERO_CENTERED_NORM_KIND,
+    HiddenMetadata,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +50,6 @@ class HiddenResult:
 
 
 # `final_norm_kind` in a `GET /target/heads` body; a body without it is from a server that served plain ones only.
-PLAIN_NORM_KIND, ZERO_CENTERED_NORM_KIND = "rmsnorm", "rmsnorm_zero_centered"
 
 
 @dataclass(frozen=True)

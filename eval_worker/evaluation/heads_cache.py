@@ -15,11 +15,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from cache_server.client import TargetHeads
-from cache_server.client.results import PLAIN_NORM_KIND, ZERO_CENTERED_NORM_KIND, as_tensor
+from cache_server.client.results import as_tensor
 from cache_server.torch_utils import as_numpy
 from eval_worker.errors import FeatureMismatch
 from eval_worker.evaluation.source import FeatureSource
-from schemas.hidden import EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR
+from schemas.hidden import EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, PLAIN_NORM_KIND, ZERO_CENTERED_NORM_KIND
 
 log = logging.getLogger(__name__)
 
