@@ -179,8 +179,14 @@ def test_a_server_stopped_mid_generation_leaves_its_prompts_to_the_next(
 ) -> None:
     texts = [f"{t} {i}" for i in range(2) for t in TEXTS]
     with _served(engine_target, tmp_path / "store", engine) as url, CacheClient(url) as client:
+        short = [p.prompt_id for p in client.register([{"text": t} for t in TEXTS[:2]], max_new_tokens=4)]
         ids = [p.prompt_id for p in client.register([{"text": t} for t in texts], max_new_tokens=160)]
-        time.sleep(1)  # generations in flight on the engine
+        # Once the short responses are in, the long ones are being generated: a fixed wait can miss them
+        # (an idle CPU ends them all within a second).
+        deadline = time.monotonic() + 60
+        while not all(client.prompt(p).status == "ready" for p in short):
+            assert time.monotonic() < deadline, "the engine never answered"
+            time.sleep(0.02)
         assert any(client.prompt(p).status == "pending" for p in ids)
         stopped_at = time.monotonic()
     assert time.monotonic() - stopped_at < 20  # generations in flight are dropped, not awaited
