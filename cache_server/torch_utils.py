@@ -35,6 +35,18 @@ def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     return TORCH_DTYPES[dtype]
 
 
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
+    """A final RMSNorm as transformers computes each kind: x / sqrt(mean(x^2) + eps) in fp32, then the plain
+    norm (`weight * x`) casts back to the input dtype before the weight, the zero-centred one
+    (`(1 + weight) * x`: Qwen3-Next, Qwen3.5) multiplies in fp32 and casts back after."""
+    x = hidden.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    weight = weight.to(hidden.device)
+    if zero_centered:
+        return (x * (1.0 + weight.float())).to(hidden.dtype)
+    return weight * x.to(hidden.dtype)
+
+
 def as_numpy(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor's exact bytes as a numpy array (ml_dtypes.bfloat16 for bf16), without a copy
     when it is contiguous."""

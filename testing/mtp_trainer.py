@@ -48,7 +48,7 @@ def train_mtp_head(
 def published_state(head: MtpDrafter, layout: MtpLayout, num_layers: int) -> dict[str, Tensor]:
     """The head's tensors under the names the layout's checkpoints use, experts one by one."""
     renamed = {new: old for old, new in layout.parts.items()}
-    block = layout.prefix(num_layers) + ("" if layout.name == "deepseek" else "layers.0.")
+    block = layout.block_prefix(num_layers)
     out = {}
     for name, tensor in head.state_dict().items():
         part, rest = name.split(".", 1)

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from cache_server.sampling import filtered_logits
+from cache_server.torch_utils import rms_norm
 from schemas.hidden import PLAIN_NORM_KIND, ZERO_CENTERED_NORM_KIND
 from schemas.sampling import SamplingParams
 
@@ -54,14 +55,8 @@ class FinalNorm:
         return ZERO_CENTERED_NORM_KIND if self.zero_centered else PLAIN_NORM_KIND
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[T, H] raw last-layer output -> normed, as transformers' norm of that kind computes it: the
-        plain one casts back to the input dtype before the weight, the zero-centred one after it."""
-        x = hidden.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        weight = self.weight.to(hidden.device)
-        if self.zero_centered:
-            return (x * (1.0 + weight.float())).to(hidden.dtype)
-        return weight * x.to(hidden.dtype)
+        """[T, H] raw last-layer output -> normed, as transformers' norm of that kind computes it."""
+        return rms_norm(hidden, self.weight, self.eps, self.zero_centered)
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from torch import nn
 
 from eval_worker.checkpoints.layer_ids import LayerIdsSource, ResolvedLayerIds
 from eval_worker.checkpoints.raw import CheckpointFormat
-from schemas.eval_spec import DrafterFamilyName, FamilyOptions
+from eval_worker.errors import CheckpointRefused
+from schemas.eval_spec import (
+    FAMILY_TITLES,
+    DFlashOptions,
+    DrafterFamilyName,
+    Eagle3Options,
+    FamilyOptions,
+    MtpOptions,
+)
 
 Family = DrafterFamilyName
+Options = TypeVar("Options", DFlashOptions, Eagle3Options, MtpOptions)
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,16 @@ class LoadRequest:
     layer_ids: tuple[int, ...] | None = None
     options: FamilyOptions | None = None
     inert_config_keys: frozenset[str] = frozenset()
+
+
+def requested_options(request: LoadRequest, kind: type[Options]) -> Options:
+    """The request's block of `kind`'s family, else that family's defaults (CheckpointRefused for another
+    family's block, which the caller refuses first)."""
+    options = request.options or kind()
+    if not isinstance(options, kind):
+        title = FAMILY_TITLES[kind().family]
+        raise CheckpointRefused(f"{options.family} options apply to {options.family} checkpoints, not {title}")
+    return options
 
 
 @dataclass(frozen=True)
@@ -43,6 +63,11 @@ class LoadedCheckpoint:
     options: FamilyOptions  # the family's options the walks read (the request's, else the family's defaults)
     inert_config_keys: tuple[str, ...] = ()  # config keys present and accepted as inert by request
     warnings: tuple[str, ...] = ()  # what loading accepted but a reader should know (in the report)
+
+    def options_as(self, kind: type[Options]) -> Options:
+        """The options its loader resolved, as its family's block."""
+        assert isinstance(self.options, kind)
+        return self.options
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:

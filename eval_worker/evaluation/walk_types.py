@@ -12,6 +12,7 @@ from torch import Tensor
 
 from cache_server.client import TargetHeads
 from cache_server.client.results import as_tensor
+from cache_server.torch_utils import rms_norm
 from eval_worker.errors import FeatureMismatch
 from eval_worker.evaluation.options import EvalOptions
 from schemas.report import RoundTaus
@@ -47,15 +48,8 @@ class TargetNorm:
         return dataclasses.replace(self, weight=self.weight.to(device, dtype))
 
     def __call__(self, hidden: Tensor) -> Tensor:
-        """The last layer's raw output [..., H] -> normed, as transformers computes each kind: x / rms(x) in
-        fp32, then the plain norm casts back to the input dtype before the weight, the zero-centred one
-        multiplies in fp32 and casts back after."""
-        x = hidden.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        weight = self.weight.to(hidden.device)
-        if self.zero_centered:
-            return (x * (1.0 + weight.float())).to(hidden.dtype)
-        return weight * x.to(hidden.dtype)
+        """The last layer's raw output [..., H] -> normed, as the server's capture norms it (`rms_norm`)."""
+        return rms_norm(hidden, self.weight, self.eps, self.zero_centered)
 
 
 @dataclass(frozen=True)

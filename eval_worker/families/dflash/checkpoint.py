@@ -10,7 +10,7 @@ from typing import Any
 
 from eval_worker.checkpoints.config_keys import inert_lines
 from eval_worker.checkpoints.layer_ids import default_layer_ids, resolve_layer_ids
-from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
+from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest, requested_options
 from eval_worker.checkpoints.raw import RawCheckpoint
 from eval_worker.checkpoints.state_checks import check_key_set, check_shapes, module_shapes
 from eval_worker.errors import CheckpointRefused
@@ -37,7 +37,7 @@ def expected_shapes(cfg: DFlashConfig, num_taps: int) -> dict[str, tuple[int, ..
 
 def load_dflash(path: Path, raw: RawCheckpoint, target: ModelInfo, request: LoadRequest) -> LoadedCheckpoint:
     """The DFlash drafter `raw` holds, fitting `target`, or CheckpointRefused."""
-    options = _options(request)
+    options = requested_options(request, DFlashOptions)
     cfg, accepted = read_dflash_config(
         raw.config,
         block_size=options.block_size,
@@ -88,15 +88,6 @@ def load_dflash(path: Path, raw: RawCheckpoint, target: ModelInfo, request: Load
     )
 
 
-def _options(request: LoadRequest) -> DFlashOptions:
-    """The request's DFlash block, else the defaults (CheckpointRefused for another family's block, which
-    the caller refuses first)."""
-    options = request.options or DFlashOptions()
-    if not isinstance(options, DFlashOptions):
-        raise CheckpointRefused(f"{options.family} options apply to {options.family} checkpoints, not DFlash")
-    return options
-
-
 def check_dflash_fits(checkpoint: LoadedCheckpoint, target: ModelInfo) -> None:
     """CheckpointRefused unless the loaded drafter fits `target`."""
     assert isinstance(checkpoint.config, DFlashConfig)
@@ -107,7 +98,9 @@ def describe_dflash(path: Path, raw: RawCheckpoint, request: LoadRequest) -> lis
     """What `eval-worker inspect` says of a DFlash checkpoint, before any target is involved."""
     # the config as written (its own block size), with the request's stand-in mask token and inert keys
     cfg, accepted = read_dflash_config(
-        raw.config, mask_token_id=_options(request).mask_token_id, inert=request.inert_config_keys
+        raw.config,
+        mask_token_id=requested_options(request, DFlashOptions).mask_token_id,
+        inert=request.inert_config_keys,
     )
     fc = raw.state.get("fc.weight")
     fc_shape = list(fc.shape) if fc is not None else None

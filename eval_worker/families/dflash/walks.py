@@ -197,13 +197,6 @@ def _draft(
     return dict(zip(keys, out, strict=True))
 
 
-def dflash_options(checkpoint: LoadedCheckpoint) -> DFlashOptions:
-    """The DFlash options a loaded checkpoint carries (its loader resolved them)."""
-    options = checkpoint.options
-    assert isinstance(options, DFlashOptions)
-    return options
-
-
 def walk_dflash(
     checkpoint: LoadedCheckpoint,
     prompts: Sequence[PromptFeatures],
@@ -214,7 +207,7 @@ def walk_dflash(
     """The DFlash family's walk: the chain and DDTree-b for every budget of the checkpoint's options (none
     when `opts` walks the chain alone), per prompt."""
     assert isinstance(checkpoint.drafter, DFlashDrafter)
-    budgets = dflash_options(checkpoint).tree_budgets if opts.trees else []
+    budgets = checkpoint.options_as(DFlashOptions).tree_budgets if opts.trees else []
     walked = walk_prompts(
         checkpoint.drafter,
         prompts,
@@ -232,7 +225,7 @@ def dflash_report_fields(checkpoint: LoadedCheckpoint) -> DFlashDrafting:
     """What a DFlash report says of its drafting: block size, mask token, DDTree budgets."""
     cfg = checkpoint.config
     assert isinstance(cfg, DFlashConfig)
-    budgets = list(dflash_options(checkpoint).tree_budgets)
+    budgets = list(checkpoint.options_as(DFlashOptions).tree_budgets)
     return DFlashDrafting(
         family="dflash", block_size=cfg.block_size, mask_token_id=cfg.mask_token_id, tree_budgets=budgets
     )

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from eval_worker.checkpoints.config_keys import inert_lines
 from eval_worker.checkpoints.layer_ids import ResolvedLayerIds, resolve_eagle3_layer_ids, to_decoder_outputs
-from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
+from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest, requested_options
 from eval_worker.checkpoints.raw import RawCheckpoint
 from eval_worker.checkpoints.state_checks import check_key_set, check_shapes, module_shapes
 from eval_worker.errors import CheckpointRefused
@@ -34,7 +34,7 @@ _LAYER = "midlayer."
 
 def load_eagle3(path: Path, raw: RawCheckpoint, target: ModelInfo, request: LoadRequest) -> LoadedCheckpoint:
     """The EAGLE-3 drafter `raw` holds, read in its layout and fitting `target`, or CheckpointRefused."""
-    options = _options(request)
+    options = requested_options(request, Eagle3Options)
     layout = read_layout(raw.config, request.inert_config_keys)
     drafter, ids, t2d_warnings = _load_state(raw.state, layout, target, request.layer_ids, options)
     warnings = layout.keys.warnings + t2d_warnings
@@ -119,15 +119,6 @@ def describe_eagle3(path: Path, raw: RawCheckpoint, request: LoadRequest) -> lis
         f"tensors            {len(raw.state)}",
     ]
     return lines + inert_lines(layout.keys)
-
-
-def _options(request: LoadRequest) -> Eagle3Options:
-    """The request's EAGLE-3 block, else the defaults (CheckpointRefused for another family's block, which
-    the caller refuses first)."""
-    options = request.options or Eagle3Options()
-    if not isinstance(options, Eagle3Options):
-        raise CheckpointRefused(f"{options.family} options apply to {options.family} checkpoints, not EAGLE-3")
-    return options
 
 
 def _load_state(

@@ -11,8 +11,9 @@ The chain stops drafting a round at its first miss; a tree is drafted whole, as 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ from torch import Tensor
 from eval_worker.checkpoints.loaded import LoadedCheckpoint
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost, PromptFeatures, Walked
+from eval_worker.evaluation.waves import CHAIN, DraftRounds, RoundWalk, walk_in_waves  # trees: keyed "TOPK,DEPTH,TOTAL"
 from eval_worker.families.eagle3.config import Eagle3Config
 from eval_worker.families.eagle3.drafter import Eagle3Context, Eagle3Drafter, NodeBatch
 from eval_worker.scoring.eagle_tree import select_tree, stable_topk
@@ -28,16 +30,6 @@ from eval_worker.scoring.summary import round_taus
 from schemas.eval_spec import Eagle3Options
 from schemas.report import Eagle3Drafting
 from schemas.trees import EagleTreeShape
-
-CHAIN = "chain"  # the walk key of the chain; trees are keyed by their shape ("TOPK,DEPTH,TOTAL")
-
-
-@dataclass
-class _Walk:
-    prompt: int
-    kind: str
-    s: int
-    taus: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -51,12 +43,7 @@ class _Group:
     roots: list[Tensor]  # per prompt [T-1, H]
     embed: Tensor
 
-    def reference(self, w: _Walk, length: int) -> list[int]:
-        """The target's tokens after the anchor, at most `length` of them."""
-        ids = self.prompts[w.prompt].token_ids
-        return ids[w.s + 1 : min(w.s + 1 + length, len(ids))]
-
-    def batch(self, walks: Sequence[_Walk], tree_keys: Tensor, tree_values: Tensor, visible: Tensor) -> NodeBatch:
+    def batch(self, walks: Sequence[RoundWalk], tree_keys: Tensor, tree_values: Tensor, visible: Tensor) -> NodeBatch:
         device = self.keys.device
         anchors = torch.tensor([w.s for w in walks], device=device)
         c = int(anchors.max())  # context positions any of these rounds sees
@@ -70,7 +57,7 @@ class _Group:
             visible,
         )
 
-    def first(self, walks: Sequence[_Walk]) -> Tensor:
+    def first(self, walks: Sequence[RoundWalk]) -> Tensor:
         """Each round's root output [m, H] (the pass's output at s-1)."""
         return torch.stack([self.roots[w.prompt][w.s - 1] for w in walks])
 
@@ -91,24 +78,11 @@ def walk_eagle_prompts(
     contexts = [drafter.prefill(p.taps, torch.tensor(p.token_ids, device=p.taps.device), embed_tokens) for p in prompts]
     group = _Group(drafter, prompts, *_stack(contexts), [c.roots for c in contexts], embed_tokens)
     cost.draft_s += time.perf_counter() - started
-    kinds: dict[str, Callable[[_Group, list[_Walk], DraftCost], list[int]]] = {
-        CHAIN: lambda g, ws, c: _chain_round(g, ws, steps, c)
-    }
+    kinds: dict[str, DraftRounds] = {CHAIN: partial(_chain_round, group, steps=steps, cost=cost)}
     for shape in trees:
-        kinds[shape.key] = lambda g, ws, c, shape=shape: _tree_round(g, ws, shape, c)  # type: ignore[misc]
-    walks = [_Walk(i, kind, p.prompt_len) for i, p in enumerate(prompts) for kind in kinds]
-    while active := [w for w in walks if w.s < len(prompts[w.prompt].token_ids) - 1]:
-        for kind, draft_round in kinds.items():
-            mine = [w for w in active if w.kind == kind]
-            for lo in range(0, len(mine), max_rounds):
-                part = mine[lo : lo + max_rounds]
-                started = time.perf_counter()
-                accepted = draft_round(group, part, cost)
-                cost.draft_s += time.perf_counter() - started
-                cost.drafted_blocks += len(part)
-                for w, a in zip(part, accepted, strict=True):
-                    w.taus.append(a + 1)
-                    w.s += a + 1
+        kinds[shape.key] = partial(_tree_round, group, shape=shape, cost=cost)
+    walks = [RoundWalk(i, p.prompt_len, kind) for i, p in enumerate(prompts) for kind in kinds]
+    walk_in_waves(prompts, walks, kinds, max_rounds, cost)
     out: list[dict[str, list[int]]] = [{} for _ in prompts]
     for w in walks:
         out[w.prompt][w.kind] = w.taus
@@ -131,10 +105,10 @@ def _empty_tree(group: _Group, m: int, n: int) -> tuple[Tensor, Tensor, Tensor]:
     return keys, keys.clone(), torch.zeros(m, n, 0, dtype=torch.bool, device=k.device)
 
 
-def _chain_round(group: _Group, walks: list[_Walk], steps: int, cost: DraftCost) -> list[int]:
+def _chain_round(group: _Group, walks: list[RoundWalk], steps: int, cost: DraftCost) -> list[int]:
     """Greedy drafts d_1..d_steps of each round, stopping a round at its first miss -> accepted drafts."""
     drafter = group.drafter
-    refs = [group.reference(w, steps) for w in walks]
+    refs = [w.reference(group.prompts, steps) for w in walks]
     accepted = [0] * len(walks)
     rows = list(range(len(walks)))  # rounds still matching
     x = group.first(walks)  # [m, H]
@@ -160,7 +134,7 @@ def _chain_round(group: _Group, walks: list[_Walk], steps: int, cost: DraftCost)
     return accepted
 
 
-def _tree_round(group: _Group, walks: list[_Walk], shape: EagleTreeShape, cost: DraftCost) -> list[int]:
+def _tree_round(group: _Group, walks: list[RoundWalk], shape: EagleTreeShape, cost: DraftCost) -> list[int]:
     """EAGLE's `topK_genrate` for each round, all rounds stacked -> accepted nodes of each tree."""
     drafter, k, m = group.drafter, shape.top_k, len(walks)
     device = group.keys.device
@@ -195,22 +169,15 @@ def _tree_round(group: _Group, walks: list[_Walk], shape: EagleTreeShape, cost: 
         visible = torch.cat([inherited, eye[parents]], dim=2)
     all_scores, all_tokens = torch.cat(score_levels, dim=1).cpu(), torch.cat(token_levels, dim=1).cpu()
     all_parents = torch.cat(parent_levels, dim=1).cpu()
-    refs = [group.reference(w, shape.depth + 1) for w in walks]
+    refs = [w.reference(group.prompts, shape.depth + 1) for w in walks]
     return [select_tree(all_scores[i], all_tokens[i], all_parents[i], shape).accepted(refs[i]) for i in range(m)]
-
-
-def eagle3_options(checkpoint: LoadedCheckpoint) -> Eagle3Options:
-    """The EAGLE-3 options a loaded checkpoint carries (its loader resolved them)."""
-    options = checkpoint.options
-    assert isinstance(options, Eagle3Options)
-    return options
 
 
 def eagle3_steps(checkpoint: LoadedCheckpoint) -> int:
     """EAGLE-3 chain drafts per round: the options', else the checkpoint's own, else 5."""
     cfg = checkpoint.config
     assert isinstance(cfg, Eagle3Config)
-    return eagle3_options(checkpoint).steps or cfg.speculative_tokens or 5
+    return checkpoint.options_as(Eagle3Options).steps or cfg.speculative_tokens or 5
 
 
 def walk_eagle3(
@@ -225,7 +192,7 @@ def walk_eagle3(
     one, else the target's)."""
     drafter = checkpoint.drafter
     assert isinstance(drafter, Eagle3Drafter)
-    trees = [EagleTreeShape.parse(t) for t in eagle3_options(checkpoint).eagle_trees] if opts.trees else []
+    trees = [EagleTreeShape.parse(t) for t in checkpoint.options_as(Eagle3Options).eagle_trees] if opts.trees else []
     walked = walk_eagle_prompts(
         drafter,
         prompts,
@@ -242,7 +209,7 @@ def eagle3_report_fields(checkpoint: LoadedCheckpoint) -> Eagle3Drafting:
     """What an EAGLE-3 report says of its drafting: chain steps, draft vocab, EAGLE trees."""
     cfg = checkpoint.config
     assert isinstance(cfg, Eagle3Config)
-    trees = list(eagle3_options(checkpoint).eagle_trees)
+    trees = list(checkpoint.options_as(Eagle3Options).eagle_trees)
     return Eagle3Drafting(
         family="eagle3", steps=eagle3_steps(checkpoint), draft_vocab_size=cfg.draft_vocab_size, eagle_trees=trees
     )

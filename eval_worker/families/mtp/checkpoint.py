@@ -16,12 +16,12 @@ from torch import Tensor
 
 from eval_worker.checkpoints.config_keys import INERT, KeysAccepted, check_keys, inert_lines
 from eval_worker.checkpoints.layer_ids import ResolvedLayerIds
-from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
+from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest, requested_options
 from eval_worker.checkpoints.raw import RawCheckpoint
 from eval_worker.checkpoints.state_checks import check_key_set, check_shapes, module_shapes
 from eval_worker.errors import CheckpointRefused
 from eval_worker.families.mtp.drafter import MtpDrafter
-from eval_worker.families.mtp.layouts import DEEPSEEK_UNREAD, MtpLayout, layout_of
+from eval_worker.families.mtp.layouts import MtpLayout, layout_of
 from schemas.eval_spec import MtpOptions
 from schemas.model import ModelInfo
 
@@ -74,7 +74,7 @@ def head_state(raw_state: Mapping[str, Tensor], layout: MtpLayout, cfg: Any) -> 
     unread = []
     for key in (k for k in raw_state if k.startswith(prefix)):
         rest = key.removeprefix(prefix)
-        if layout.name == "deepseek" and rest.startswith(DEEPSEEK_UNREAD):
+        if layout.unread and rest.startswith(layout.unread):
             unread.append(key)
             continue
         name = layout.drafter_key(key, num_layers)
@@ -108,7 +108,7 @@ def _stacked_experts(experts: Mapping[str, Mapping[int, Tensor]]) -> dict[str, T
 
 def load_mtp(path: Path, raw: RawCheckpoint, target: ModelInfo, request: LoadRequest) -> LoadedCheckpoint:
     """The first MTP head `raw` holds, fitting `target`, or CheckpointRefused."""
-    options = _options(request)
+    options = requested_options(request, MtpOptions)
     layout, cfg, accepted = read_mtp_config(raw.config, request.inert_config_keys)
     _check_target_fit(cfg, target)
     last = target.num_layers - 1
@@ -150,13 +150,6 @@ def load_mtp(path: Path, raw: RawCheckpoint, target: ModelInfo, request: LoadReq
         inert_config_keys=accepted.inert,
         warnings=warnings,
     )
-
-
-def _options(request: LoadRequest) -> MtpOptions:
-    options = request.options or MtpOptions()
-    if not isinstance(options, MtpOptions):
-        raise CheckpointRefused(f"{options.family} options apply to {options.family} checkpoints, not MTP")
-    return options
 
 
 def _check_target_fit(cfg: Any, target: ModelInfo) -> None:

@@ -61,12 +61,6 @@ def block_config(layout: MtpLayout, hf_config: Any) -> Any:
     return cfg
 
 
-def block_index(layout: MtpLayout, hf_config: Any) -> int:
-    """The layer index the block is built at: DeepSeek's head is layer L (MoE past first_k_dense_replace),
-    the Qwen heads' is `mtp.layers.0` (vLLM reads its index from that name)."""
-    return int(hf_config.num_hidden_layers) if layout.name == "deepseek" else 0
-
-
 class MtpDrafter(nn.Module):
     """Keys: norm_embed, norm_hidden, proj, norm_out, block.* (the layout maps the published names)."""
 
@@ -79,7 +73,7 @@ class MtpDrafter(nn.Module):
         self.norm_embed: nn.Module = norm_cls(h, eps=eps)
         self.norm_hidden: nn.Module = norm_cls(h, eps=eps)
         self.proj: nn.Linear = nn.Linear(2 * h, h, bias=False)
-        self.block: nn.Module = layer_cls(cfg, block_index(layout, hf_config))
+        self.block: nn.Module = layer_cls(cfg, layout.block_index(int(hf_config.num_hidden_layers)))
         self.norm_out: nn.Module = norm_cls(h, eps=eps)
         self.rotary: nn.Module = rotary_cls(config=cfg)
         params = inspect.signature(self.block.forward).parameters

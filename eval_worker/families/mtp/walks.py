@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,18 +24,12 @@ from eval_worker.checkpoints.loaded import LoadedCheckpoint
 from eval_worker.errors import FeatureMismatch
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost, PromptFeatures, Walked
+from eval_worker.evaluation.waves import CHAIN, RoundWalk, walk_in_waves
 from eval_worker.families.mtp.drafter import MtpDrafter
 from schemas.eval_spec import MtpOptions
 from schemas.report import ExpectedRounds, MtpDrafting
 
 DEFAULT_STEPS = 1  # one draft per round: the head's own training target, and vLLM's for one MTP layer
-
-
-@dataclass
-class _Walk:
-    prompt: int
-    s: int
-    taus: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -50,6 +44,7 @@ class _Group:
 
     @classmethod
     def of(cls, drafter: MtpDrafter, prompts: Sequence[PromptFeatures], heads: DeviceHeads) -> _Group:
+        """The prompts' contexts: each one causal pass over its normed last layer and next tokens."""
         if heads.final_norm is None:
             raise FeatureMismatch(
                 "an MTP head reads the target's last layer through its final norm, and this target's final norm "
@@ -67,11 +62,6 @@ class _Group:
             [c.out for c in contexts],
         )
 
-    def reference(self, w: _Walk, length: int) -> list[int]:
-        """The target's tokens after the anchor, at most `length` of them."""
-        ids = self.prompts[w.prompt].token_ids
-        return ids[w.s + 1 : min(w.s + 1 + length, len(ids))]
-
 
 def _stack(states: list[Tensor]) -> Tensor:
     """[1, heads, T_i - 1, D] per prompt -> [P, heads, T_max, D], zero past each one's end (never visible)."""
@@ -80,11 +70,11 @@ def _stack(states: list[Tensor]) -> Tensor:
 
 
 def _chain_round(
-    group: _Group, walks: list[_Walk], steps: int, lm_head: Tensor, embed: Tensor, cost: DraftCost
+    group: _Group, walks: list[RoundWalk], steps: int, lm_head: Tensor, embed: Tensor, cost: DraftCost
 ) -> list[int]:
     """Greedy drafts d_1..d_steps of each round, stopping a round at its first miss -> accepted drafts."""
     drafter, device = group.drafter, group.first.device
-    refs = [group.reference(w, steps) for w in walks]
+    refs = [w.reference(group.prompts, steps) for w in walks]
     accepted = [0] * len(walks)
     rows = list(range(len(walks)))  # rounds still matching
     x = torch.stack([group.outs[w.prompt][w.s - 1] for w in walks])  # [m, H]
@@ -116,9 +106,7 @@ def _chain_round(
 
 def mtp_steps(checkpoint: LoadedCheckpoint) -> int:
     """Chain drafts per round: the option, else one."""
-    options = checkpoint.options
-    assert isinstance(options, MtpOptions)
-    return options.steps or DEFAULT_STEPS
+    return checkpoint.options_as(MtpOptions).steps or DEFAULT_STEPS
 
 
 @torch.no_grad()
@@ -136,18 +124,9 @@ def walk_mtp(
     started = time.perf_counter()
     group = _Group.of(drafter, prompts, heads)
     cost.draft_s += time.perf_counter() - started
-    walks = [_Walk(i, p.prompt_len) for i, p in enumerate(prompts)]
-    max_rounds = opts.max_blocks
-    while active := [w for w in walks if w.s < len(prompts[w.prompt].token_ids) - 1]:
-        for lo in range(0, len(active), max_rounds):
-            part = active[lo : lo + max_rounds]
-            started = time.perf_counter()
-            accepted = _chain_round(group, part, steps, heads.lm_head, heads.embed, cost)
-            cost.draft_s += time.perf_counter() - started
-            cost.drafted_blocks += len(part)
-            for w, a in zip(part, accepted, strict=True):
-                w.taus.append(a + 1)
-                w.s += a + 1
+    walks = [RoundWalk(i, p.prompt_len) for i, p in enumerate(prompts)]
+    chain = {CHAIN: lambda ws: _chain_round(group, ws, steps, heads.lm_head, heads.embed, cost)}
+    walk_in_waves(prompts, walks, chain, opts.max_blocks, cost)
     return [Walked(w.taus) for w in walks]
 
 
