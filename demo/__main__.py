@@ -4,9 +4,11 @@ Builds a tiny random Qwen3 target (its next-token distribution peaked, as a trai
 starts a real cache server, registers prompts (two sets, code and prose) whose responses the target
 generates greedily (T = 0) and sampled at T = 0.6 (top-p 0.95, two samples each), trains a tiny DFlash
 drafter on features fetched from the cache and saves it at two steps, trains a tiny EAGLE-3 drafter (a
-draft vocab of half the target's, EAGLE-3's default taps) and saves it in the EAGLE layout, submits
-every checkpoint as a job (greedy and probabilistic drafting), runs an eval worker until they are done,
-then prints the leaderboard of both families, per sampling setting, and writes the tau plot.
+draft vocab of half the target's, EAGLE-3's default taps) and saves it in the EAGLE layout, trains an
+MTP head on the target's last layer (in Qwen3.5's layout: the Qwen3 target ships none) and saves it as
+an MTP-only checkpoint, submits every checkpoint as a job (probabilistic drafting too, where the family
+has it), runs an eval worker until they are done, then prints the leaderboard of the three families,
+per sampling setting, and writes the tau plot.
 """
 
 from __future__ import annotations
@@ -27,15 +29,20 @@ from transformers import AutoConfig
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient, JobsClient
 from eval_worker.checkpoints.layer_ids import default_layer_ids, eagle3_default_layer_ids
+from eval_worker.evaluation.walk_types import TargetNorm
 from eval_worker.families.dflash.drafter import DFlashDrafter
+from eval_worker.families.mtp.drafter import MtpDrafter
+from eval_worker.families.mtp.layouts import LAYOUTS
 from eval_worker.reports.compare import compare_table
 from eval_worker.reports.plot import plot
-from schemas.eval_spec import DFlashOptions, Eagle3Options, EvalSpec
+from schemas.eval_spec import DFlashOptions, Eagle3Options, EvalSpec, MtpOptions
 from schemas.jobs import JobStatus
 from schemas.prompts import GenerateSpec
 from testing.browser import CHROMIUM, headless
 from testing.checkpoints import engine_keys, save_hf_checkpoint
 from testing.eagle3 import eagle3_config, frequent_d2t, random_eagle3, save_eagle3, train_eagle3
+from testing.mtp_targets import head_config_for
+from testing.mtp_trainer import save_mtp_only, train_mtp_head
 from testing.servers import running_server
 from testing.tiny_trainer import Sequences, TinyTrainer, tiny_drafter_config
 
@@ -53,6 +60,7 @@ CODE = {0, 2, 4, 5, 7}  # the rest are prose: two prompt sets, reported apart
 HELD_OUT = 2  # the last prompts are never trained on
 LOGIT_SCALE = 8.0  # lm_head x 8: a few likely tokens per position (a random model's distribution is flat)
 TEMPERATURE, TOP_P, SAMPLES = 0.6, 0.95, 2  # the setting the demo's sets are also sampled at
+MTP_STEPS = 2  # chain drafts per round, the one head reused as vLLM runs it
 
 
 def _say(msg: str) -> None:
@@ -99,23 +107,38 @@ def train_eagle3_checkpoint(client: CacheClient, target: Path, prompt_ids: list[
     print(f"step {steps}: loss {loss:.3f} -> {path} (EAGLE layout, draft vocab {drafter.cfg.draft_vocab_size})")
 
 
+def train_mtp_checkpoint(client: CacheClient, target: Path, prompt_ids: list[str], steps: int, runs: Path) -> None:
+    info = client.model()
+    last = info.num_layers - 1
+    _say(f"training a tiny MTP head on cached layer {last} (the target's last, normed) in Qwen3.5's layout")
+    heads = client.heads()
+    embed, lm_head = (t.float() for t in heads.to_torch())
+    norm = TargetNorm.served(heads)
+    if norm is None:
+        raise RuntimeError("the demo target's final norm is an RMSNorm, which the server serves: it served none")
+    train = fetch_sequences(client, prompt_ids[:-HELD_OUT], [last])
+    config = head_config_for(AutoConfig.from_pretrained(target))
+    head = MtpDrafter(LAYOUTS["qwen3_5"], config)
+    loss = train_mtp_head(head, [norm(t) for t in train.taps], train.token_ids, embed, lm_head, steps, lr=3e-3)
+    path = save_mtp_only(runs / f"mtp_step_{steps}", config.to_dict(), head, step=steps)
+    print(f"step {steps}: loss {loss:.3f} -> {path} (MTP-only checkpoint, {MTP_STEPS} chain steps per round)")
+
+
+def _spec(checkpoint: str) -> EvalSpec:
+    """A demo job's spec: both sets, trees where the family has them, probabilistic drafting where it is evaluated."""
+    sets = ["code", "prose"]
+    if checkpoint.startswith("mtp"):
+        return EvalSpec(sets=sets, family_options=MtpOptions(steps=MTP_STEPS))
+    if checkpoint.startswith("eagle3"):
+        return EvalSpec(sets=sets, draft_sampling="probabilistic", family_options=Eagle3Options(eagle_trees=["4,3,16"]))
+    return EvalSpec(sets=sets, draft_sampling="probabilistic", family_options=DFlashOptions(tree_budgets=[4, 8]))
+
+
 def run_jobs(url: str, runs: Path, workdir: Path) -> None:
-    """Submit every checkpoint under `runs` (DDTrees for DFlash, EAGLE trees for EAGLE-3), and let one
-    real `eval-worker serve` process do them."""
+    """Submit every checkpoint under `runs` (`_spec`), and let one real `eval-worker serve` process do them."""
     with CacheClient(url) as client:
         jobs = JobsClient(client)
-        eagle, dflash = Eagle3Options(eagle_trees=["4,3,16"]), DFlashOptions(tree_budgets=[4, 8])
-        submitted = [
-            jobs.submit(
-                p.name,
-                spec=EvalSpec(
-                    sets=["code", "prose"],
-                    draft_sampling="probabilistic",
-                    family_options=eagle if p.name.startswith("eagle3") else dflash,
-                ),
-            )
-            for p in sorted(runs.iterdir())
-        ]
+        submitted = [jobs.submit(p.name, spec=_spec(p.name)) for p in sorted(runs.iterdir())]
         for job in submitted:
             print(f"submitted job {job.job_id} for {job.checkpoint_relative}")
         _say("eval-worker serve (one worker process claims the jobs)")
@@ -191,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
         train_checkpoints(client, target, ids, args.steps, runs)
         train_eagle3_checkpoint(client, target, ids, args.steps[1], runs)
+        train_mtp_checkpoint(client, target, ids, args.steps[1], runs)
         run_jobs(url, runs, args.workdir)
 
         _say("leaderboard (eval-worker compare --server ...)")

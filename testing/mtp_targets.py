@@ -244,6 +244,27 @@ def qwen3_5_config(layers: int = 2, *, moe: bool = False, linear_attention: bool
     return Qwen3_5TextConfig(intermediate_size=2 * HIDDEN, **common)
 
 
+def head_config_for(target: PretrainedConfig) -> PretrainedConfig:
+    """The config of an MTP head added to a dense target that ships none (the demo's Qwen3): Qwen3.5's
+    text config of the target's shape, full attention throughout, declaring one head."""
+    config = Qwen3_5TextConfig(
+        vocab_size=target.vocab_size,
+        hidden_size=target.hidden_size,
+        intermediate_size=target.intermediate_size,
+        num_hidden_layers=target.num_hidden_layers,
+        layer_types=_layer_types(target.num_hidden_layers, linear_attention=False),
+        num_attention_heads=target.num_attention_heads,
+        num_key_value_heads=target.num_key_value_heads,
+        head_dim=target.head_dim,
+        max_position_embeddings=target.max_position_embeddings,
+        rms_norm_eps=target.rms_norm_eps,
+        tie_word_embeddings=False,
+        architectures=["Qwen3_5ForCausalLM"],
+    )
+    config.update({"mtp_num_hidden_layers": 1})  # the published configs' key, not an argument of the class
+    return config
+
+
 def _save_mtp_prefixed(
     out_dir: Path, target: PretrainedConfig, block: PretrainedConfig, seed: int, tuning: Tuning, key: str, n: int
 ) -> Path:

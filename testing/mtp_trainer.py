@@ -9,8 +9,9 @@ lm_head). For tests and the demo; not a training recipe.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -75,11 +76,12 @@ def _experts(key: str, stacked: Tensor) -> dict[str, Tensor]:
     return out
 
 
-def save_mtp_only(out_dir: Path, target_dir: Path, head: MtpDrafter, *, step: int) -> Path:
-    """An MTP-only checkpoint: the target's config, the head's tensors, and the step in `trainer_state.json`."""
+def save_mtp_only(out_dir: Path, target_config: Mapping[str, Any], head: MtpDrafter, *, step: int) -> Path:
+    """An MTP-only checkpoint: the target's config (as `config.json` holds it), the head's tensors, and the
+    step in `trainer_state.json`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = json.loads((target_dir / "config.json").read_text())
-    (out_dir / "config.json").write_text(json.dumps(config, indent=1))
-    save_file(published_state(head, head.layout, int(config["num_hidden_layers"])), out_dir / "model.safetensors")
+    (out_dir / "config.json").write_text(json.dumps(dict(target_config), indent=1))
+    num_layers = int(target_config["num_hidden_layers"])
+    save_file(published_state(head, head.layout, num_layers), out_dir / "model.safetensors")
     (out_dir / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     return out_dir

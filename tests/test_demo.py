@@ -1,4 +1,5 @@
-"""The demo's main path (smaller): real server, trained checkpoints, jobs, worker, leaderboard, plot."""
+"""The demo's main path (smaller): real server, trained checkpoints of the three families, jobs, worker,
+leaderboard, plot."""
 
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     board = out[out.index("leaderboard") :].splitlines()
     rows = {(r[0], r[2]): r for line in board if (r := line.split()) and r[0] in {"5", "40"}}
-    assert sorted(rows) == [("40", "dflash"), ("40", "eagle3"), ("5", "dflash")]  # one row per checkpoint
+    assert sorted(rows) == [("40", "dflash"), ("40", "eagle3"), ("40", "mtp"), ("5", "dflash")]  # one per checkpoint
+    # DFlash formula for 3 taps of 8 layers; EAGLE-3 defaults, layer inputs (2, 4, 5); MTP the last layer
+    layers = {"dflash": ["[1,", "3,", "5]"], "eagle3": ["[1,", "3,", "4]"], "mtp": ["[7]"]}
     for (_, family), row in rows.items():
-        # DFlash formula for 3 taps of 8 layers; EAGLE-3 defaults, layer inputs (2, 4, 5)
-        assert row[3:6] == (["[1,", "3,", "5]"] if family == "dflash" else ["[1,", "3,", "4]"])
-        assert float(row[7]) >= 1.0  # chain tau counts the bonus token
+        ids = layers[family]
+        assert row[3 : 3 + len(ids)] == ids
+        assert float(row[3 + len(ids) + 1]) >= 1.0  # chain tau counts the bonus token
     assert (tmp_path / "demo" / "tau.png").read_bytes()[:4] == b"\x89PNG"
 
 

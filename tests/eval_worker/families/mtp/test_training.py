@@ -3,6 +3,7 @@ often on held-out prompts, and the MTP-only checkpoint it is saved as loads back
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,8 @@ def test_a_head_trained_on_cached_states_drafts_better(tmp_path: Path) -> None:
         normed = [norm(torch.from_numpy(c.hidden.copy())).detach() for c in cached]
         tokens = [torch.from_numpy(c.token_ids.copy()) for c in cached]
         loss = train_mtp_head(head, normed, tokens, embed, lm_head, steps=150, lr=3e-3)
-        trained = save_mtp_only(tmp_path / "runs" / "mtp-step-150", target, head, step=150)
+        config = json.loads((target / "config.json").read_text())
+        trained = save_mtp_only(tmp_path / "runs" / "mtp-step-150", config, head, step=150)
         before, after = _tau(url, target, tmp_path / "before.json"), _tau(url, trained, tmp_path / "after.json")
     assert after > before + 0.2, (before, after, loss)
     reloaded = family_of(read_raw(trained).config).load(trained, read_raw(trained), info, LoadRequest())
