@@ -5,8 +5,8 @@ Run from the repository root after `./dev demo`: `.venv/bin/python -m bench.samp
 A real server over the demo's target (a fresh store) registers the demo's prompts with responses
 greedy (T = 0) and sampled at T = 0.6 and T = 1.0 (top-p 0.95, `--samples` each); every demo
 checkpoint is evaluated over each setting's prompts with `--draft-sampling probabilistic` (the chain walk
-is greedy drafting; the expectation is probabilistic drafting), and what each costs in drafted blocks
-(drafter forwards of one anchor) beside a greedy-only evaluation.
+is greedy drafting; the expectation is probabilistic drafting; the MTP head greedily only), and what
+each costs in drafted blocks (drafter forwards of one anchor) beside a greedy-only evaluation.
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ def main() -> None:
             for name, group in ids.items():
                 out = f"{ckpt.name}-{name.replace(' ', '_')}"
                 greedy, _ = evaluate(url, ckpt, group, work / f"{out}-greedy.json", "greedy")
-                report, _ = evaluate(url, ckpt, group, work / f"{out}-probabilistic.json", "probabilistic")
+                report = greedy  # the demo's MTP head: probabilistic drafting is not evaluated for MTP heads
+                if not ckpt.name.startswith("mtp"):
+                    report, _ = evaluate(url, ckpt, group, work / f"{out}-probabilistic.json", "probabilistic")
                 chain, prob = report.summary.chain, report.summary.probabilistic
                 expected = _cell(prob.mean_tau, prob.stderr) if prob is not None else "-"
                 blocks = [r.summary.cost.drafted_blocks if r.summary.cost else 0 for r in (greedy, report)]
