@@ -164,6 +164,36 @@ def _screenshot(url: str, out: Path) -> None:
     print(f"page screenshot: {out}")
 
 
+def register_prompts(url: str, client: CacheClient, new_tokens: int) -> list[str]:
+    """The demo's prompts in two sets, with greedy and sampled responses, ready -> the greedy ones' ids."""
+    info = client.model()
+    _say(f"cache server up at {url}: {info.num_layers} layers, hidden {info.hidden_size}, {info.fingerprint}")
+    specs = [{"text": t, "name": t, "sets": ["code" if i in CODE else "prose"]} for i, t in enumerate(TEXTS)]
+    ids = [r.prompt_id for r in client.register(specs, max_new_tokens=new_tokens)]
+    generate = GenerateSpec(max_new_tokens=new_tokens, temperature=TEMPERATURE, top_p=TOP_P, samples=SAMPLES)
+    sampled = client.register(specs, generate=generate)
+    client.wait_ready(ids + [r.prompt_id for r in sampled], timeout_s=300)
+    print(
+        f"{len(ids)} prompts registered; the target generated {new_tokens}-token greedy responses, "
+        f"and {len(sampled)} sampled at T = {TEMPERATURE}, top-p {TOP_P}"
+    )
+    counts = ", ".join(f"{s.name} {s.ready}/{s.total} ready" for s in client.sets().sets)
+    print(f"prompt sets (GET /sets): {counts}")
+    return ids
+
+
+def show_leaderboard(url: str, client: CacheClient, workdir: Path) -> None:
+    """The finished jobs' table, the tau plot and (with Chromium) the page's screenshot."""
+    _say("leaderboard (eval-worker compare --server ...)")
+    jobs = JobsClient(client)
+    reports = [jobs.report(j.job_id) for j in jobs.jobs(JobStatus.done)]
+    print(compare_table(reports))
+    plot(reports, workdir / "tau.png")
+    print(f"plot: {workdir / 'tau.png'}")
+    _screenshot(url, workdir / "leaderboard.png")
+    print(f"\nleaderboard page: {url}/  (served until the demo ends; --keep-serving keeps it up)")
+
+
 DEMO_MARKER = ".made-by-demo"
 DEFAULT_WORKDIR = Path("demo-out")
 
@@ -197,34 +227,13 @@ def main(argv: list[str] | None = None) -> int:
 
     server_args = ("--checkpoint-root", str(runs))
     with running_server(target, args.workdir / "store", *server_args) as url, CacheClient(url) as client:
-        info = client.model()
-        _say(f"cache server up at {url}: {info.num_layers} layers, hidden {info.hidden_size}, {info.fingerprint}")
-        specs = [{"text": t, "name": t, "sets": ["code" if i in CODE else "prose"]} for i, t in enumerate(TEXTS)]
-        registered = client.register(specs, max_new_tokens=args.new_tokens)
-        ids = [r.prompt_id for r in registered]
-        generate = GenerateSpec(max_new_tokens=args.new_tokens, temperature=TEMPERATURE, top_p=TOP_P, samples=SAMPLES)
-        sampled = client.register(specs, generate=generate)
-        client.wait_ready(ids + [r.prompt_id for r in sampled], timeout_s=300)
-        print(
-            f"{len(ids)} prompts registered; the target generated {args.new_tokens}-token greedy responses, "
-            f"and {len(sampled)} sampled at T = {TEMPERATURE}, top-p {TOP_P}"
-        )
-        counts = ", ".join(f"{s.name} {s.ready}/{s.total} ready" for s in client.sets().sets)
-        print(f"prompt sets (GET /sets): {counts}")
-
+        ids = register_prompts(url, client, args.new_tokens)
         train_checkpoints(client, target, ids, args.steps, runs)
         train_eagle3_checkpoint(client, target, ids, args.steps[1], runs)
         train_mtp_checkpoint(client, target, ids, args.steps[1], runs)
         run_jobs(url, runs, args.workdir)
 
-        _say("leaderboard (eval-worker compare --server ...)")
-        jobs = JobsClient(client)
-        reports = [jobs.report(j.job_id) for j in jobs.jobs(JobStatus.done)]
-        print(compare_table(reports))
-        plot(reports, args.workdir / "tau.png")
-        print(f"plot: {args.workdir / 'tau.png'}")
-        _screenshot(url, args.workdir / "leaderboard.png")
-        print(f"\nleaderboard page: {url}/  (served until the demo ends; --keep-serving keeps it up)")
+        show_leaderboard(url, client, args.workdir)
         if args.keep_serving:
             print("serving; Ctrl-C to stop", flush=True)
             with contextlib.suppress(KeyboardInterrupt):

@@ -42,7 +42,8 @@ class StoragePlan(BaseModel):
     free_bytes: int | None = Field(description="free space under a local store; None: object storage, or no store")
 
     @classmethod
-    def project(
+    # keyword-only: every number a plan is projected from, named
+    def project(  # noqa: PLR0913
         cls,
         *,
         target: str,

@@ -91,11 +91,11 @@ def _dirs_touched(op: Op) -> set[str]:
     return {_parent(op.dst if op.kind == "link" else op.path)}
 
 
-def pending(log: Sequence[Op], end: int) -> list[Event]:
-    """The events of `log[:end]` a power loss at `end` may undo: entries not yet fsynced into their
-    directories, data not yet fsynced."""
-    names: dict[str, int] = {}  # the inode (the index of the write that made it) each name holds
-    synced_inode: dict[int, int] = {}  # fsync at index k -> the inode it made durable
+def _fsynced_inodes(log: Sequence[Op], end: int) -> dict[int, int]:
+    """Each fsync of `log[:end]` (by index) -> the inode it made durable (the index of the write that
+    made the file), following the names through renames, links and unlinks."""
+    names: dict[str, int] = {}  # the inode each name holds
+    synced_inode: dict[int, int] = {}
     for k, op in enumerate(log[:end]):
         if op.kind == "write":
             names[op.path] = k
@@ -107,6 +107,13 @@ def pending(log: Sequence[Op], end: int) -> list[Event]:
             names.pop(op.path, None)
         elif op.kind == "fsync" and op.path in names:
             synced_inode[k] = names[op.path]
+    return synced_inode
+
+
+def pending(log: Sequence[Op], end: int) -> list[Event]:
+    """The events of `log[:end]` a power loss at `end` may undo: entries not yet fsynced into their
+    directories, data not yet fsynced."""
+    synced_inode = _fsynced_inodes(log, end)
     dirs_synced: set[str] = set()
     inodes_synced: set[int] = set()
     found: list[Event] = []
@@ -188,7 +195,8 @@ def _describe(log: Sequence[Op], end: int, lost: frozenset[Event]) -> str:
     return f"crash after op {end}/{len(log)}, lost [{gone}]"
 
 
-def explore(
+# keyword-only knobs of the exploration
+def explore(  # noqa: PLR0913
     base: Disk,
     log: Sequence[Op],
     check: Callable[[Path, int], list[str]],

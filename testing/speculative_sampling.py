@@ -175,7 +175,8 @@ def _cut(generated: Sequence[int], max_new_tokens: int, stops: Collection[int]) 
 
 
 @torch.no_grad()
-def speculative_sample(
+# keyword-only knobs of the live loop
+def speculative_sample(  # noqa: PLR0913
     target: nn.Module,
     drafter: DFlashDrafter | Eagle3Drafter,
     prompt_ids: Sequence[int],

@@ -1,5 +1,6 @@
 """The layout's promises, checked in fresh interpreters: the client and the wire contract stay light,
-the eval worker never loads the server side, and files stay small and documented."""
+the eval worker never loads the server side, and every module and public function is documented (the
+size of functions is ruff's to check: C901 and PLR0912/0913/0915 in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -88,11 +89,6 @@ def test_the_light_commands_need_no_torch() -> None:
 
 def _sources() -> list[Path]:
     return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
-
-
-@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_files_stay_small(path: Path) -> None:
-    assert len(path.read_text().splitlines()) <= 300
 
 
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))

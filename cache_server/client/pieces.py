@@ -52,6 +52,20 @@ def check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]) -> 
         )
 
 
+def _checked_blosc_size(src: memoryview, piece: list[Any], need: int, where: str) -> int:
+    """The size a Blosc piece decodes to, once its digests (from a server that sends them) match
+    (PiecesCorrupt else) and its header's size fits the `need` bytes its rows take (ValueError else)."""
+    if len(piece) > 7 and piece[7]:
+        try:
+            check_piece(src, piece[7], where)
+        except ValueError as e:
+            raise PiecesCorrupt(str(e)) from e
+    size = int.from_bytes(src[4:8], "little")  # a Blosc 1 header's nbytes
+    if not need <= size <= need + _BLOCK_SLACK:
+        raise ValueError(f"{where} decodes to {size} bytes; its rows need {need}")
+    return size
+
+
 def decode_pieces(
     body: np.ndarray | bytes, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
@@ -80,15 +94,8 @@ def decode_pieces(
         if len(src) != nbytes:
             raise ValueError(f"piece of layer {i} at row {at} runs past the body")
         decoded: memoryview | np.ndarray = src
-        if piece[3] != "raw" and len(piece) > 7 and piece[7]:  # digests: from a server that sends them
-            try:
-                check_piece(src, piece[7], f"piece of layer {i} at row {at}")
-            except ValueError as e:
-                raise PiecesCorrupt(str(e)) from e
         if piece[3] != "raw":
-            size, need = int.from_bytes(src[4:8], "little"), skip + n * row_bytes  # a Blosc 1 header's nbytes
-            if not need <= size <= need + _BLOCK_SLACK:
-                raise ValueError(f"piece of layer {i} at row {at} decodes to {size} bytes; its rows need {need}")
+            size = _checked_blosc_size(src, piece, skip + n * row_bytes, f"piece of layer {i} at row {at}")
             decoded = _decoded(size)
             blosc.decompress(src, decoded)
         rows_bytes = np.frombuffer(decoded, np.uint8, n * row_bytes, skip)

@@ -44,7 +44,8 @@ class Scheduler:
     its batch, except an engine away (the batch waits for it); a sequence's own error or a store write's
     fails its prompt alone."""
 
-    def __init__(
+    # keyword-only settings, each named at its one call (HiddenStateService)
+    def __init__(  # noqa: PLR0913
         self,
         target: Target,
         store: HiddenStore,

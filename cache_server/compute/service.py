@@ -52,7 +52,8 @@ class HiddenStateService:
     `db` is the coordination database shared with the other servers on the store (default: SQLite
     next to a local store); the service closes it. `instance` names this server among them."""
 
-    def __init__(
+    # keyword-only settings, each named at its one call (build_service)
+    def __init__(  # noqa: PLR0913
         self,
         target: Target,
         store: HiddenStore,

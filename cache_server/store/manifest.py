@@ -65,7 +65,8 @@ class PromptManifest(BaseModel):
         return self.model_dump(mode="json", exclude=left_out or None)
 
 
-def first_manifest(
+# the prompt's data, then its target's description by keyword
+def first_manifest(  # noqa: PLR0913
     prompt_id: str,
     token_ids: np.ndarray,
     prompt_len: int,

@@ -99,7 +99,8 @@ def _chains(
 
 
 @torch.no_grad()
-def expected_eagle3_prompts(
+# the tensors of the math, by name
+def expected_eagle3_prompts(  # noqa: PLR0913
     drafter: Eagle3Drafter,
     prompts: Sequence[PromptFeatures],
     last_layers: Sequence[Tensor],
