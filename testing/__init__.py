@@ -1,4 +1,4 @@
-"""What the tests, the demo and the benchmarks share: real servers on loopback and the ground truths
+"""What the tests, the demo, the benchmarks and the docs share: real servers on loopback and the ground truths
 they are checked against. Not installed with the package; run from the repository root.
 
 - Ground truths: the live speculative loops (`live_loop.py`, `eagle3_live_loop.py`, an MTP head's
@@ -19,4 +19,6 @@ they are checked against. Not installed with the package; run from the repositor
   (`file_ops_log.py`), every disk state a power loss may leave, materialised and checked
   (`crash_states.py`), each S3 write faulted in turn (`s3_faults.py`), and the workloads and what a
   store must show after a crash (`store_check.py`).
+- The docs site's reference pages, generated from the parsers, settings, OpenAPI document and error
+  and exit codes (`reference_pages.py`).
 """
