@@ -30,7 +30,7 @@ from bench.flop_model import published_table
 from cache_server.capture.tiny_model import SPARE_ROWS, build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.checkpoints.layer_ids import default_layer_ids
-from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint, LoadRequest
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.feature_cache import FeatureCache

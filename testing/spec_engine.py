@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import AutoModelForCausalLM
 
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.families.eagle3.drafter import Eagle3Drafter
 from schemas.sampling import DraftSampling, SamplingParams

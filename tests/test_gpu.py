@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from cache_server.api.app import create_app
 from cache_server.client import HiddenResult, TargetHeads
 from cache_server.settings import ServeSettings
-from eval_worker.checkpoints.loaded import LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import LoadRequest
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.evaluation.evaluate import evaluate
 from eval_worker.evaluation.heads_cache import HeadsCache

@@ -126,7 +126,7 @@ def test_each_package_docstring_names_every_module_in_it(package: str) -> None:
 FAMILY_FILES = {
     "eval_worker/families/__init__.py",
     "eval_worker/drafters/layers.py",
-    "eval_worker/checkpoints/loaded.py",
+    "eval_worker/checkpoints/loaded_checkpoint.py",
 }
 FAMILY_FOLDERS = ("eval_worker/families/",)  # each family's own folder
 FAMILY_CLASSES = ("DFlashDrafter", "DFlashConfig", "Eagle3Drafter", "Eagle3Config", "MtpDrafter")

@@ -14,7 +14,7 @@ from cache_server.api.error_handlers import install_error_handlers
 from cache_server.api.jobs_routes import jobs_router
 from cache_server.api.page import page_router
 from cache_server.api.routes import router
-from cache_server.api.tensor_responses import TensorResponses
+from cache_server.api.tensor_bodies import TensorBodies
 from cache_server.capture.target import ModelShape, Target, open_hf_target
 from cache_server.capture.tokenizer import stop_token_ids
 from cache_server.compute.instances import default_db_location
@@ -159,7 +159,7 @@ def create_app(
             raise
         service.start()
         app.state.service = service
-        app.state.tensors = TensorResponses(
+        app.state.tensors = TensorBodies(
             service.store, service.target, service.recapture, stream=settings.stream_hidden
         )
         try:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from cache_server.api.tensor_responses import TensorResponses
+from cache_server.api.tensor_bodies import TensorBodies
 from cache_server.compute.service import HiddenStateService
 from cache_server.jobs.queue import JobStore
 
@@ -18,7 +18,7 @@ def get_service(request: Request) -> HiddenStateService:
     return request.app.state.service
 
 
-def get_tensors(request: Request) -> TensorResponses:
+def get_tensors(request: Request) -> TensorBodies:
     """The app's tensor responses (`/hidden`, `/target/heads`)."""
     return request.app.state.tensors
 
@@ -34,6 +34,6 @@ def get_checkpoint_root(request: Request) -> Path | None:
 
 
 ServiceDep = Annotated[HiddenStateService, Depends(get_service)]
-TensorsDep = Annotated[TensorResponses, Depends(get_tensors)]
+TensorsDep = Annotated[TensorBodies, Depends(get_tensors)]
 JobsDep = Annotated[JobStore, Depends(get_jobs)]
 RootDep = Annotated[Path | None, Depends(get_checkpoint_root)]

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from cache_server.api.auth import WriteAccess
 from cache_server.api.deps import JobsDep, ServiceDep, TensorsDep
 from cache_server.api.error_handlers import error_responses
-from cache_server.api.tensor_responses import SAFETENSORS
+from cache_server.api.tensor_bodies import SAFETENSORS
 from cache_server.jobs.layer_usage import layer_usage
 from schemas.errors import ErrorCode as E
 from schemas.layers import MAX_OFFSET, AsciiInt

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint, LoadRequest
 from eval_worker.checkpoints.raw import RawCheckpoint, read_raw
 from eval_worker.errors import CheckpointRefused
 from eval_worker.families import FAMILIES, DrafterFamily, family_of

@@ -4,7 +4,7 @@ target, or the run stops with a typed error rather than producing a number."""
 from __future__ import annotations
 
 from cache_server.client import TargetHeads
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.errors import CheckpointRefused, FeatureMismatch
 from eval_worker.evaluation.feature_cache import Features
 from schemas.layers import LAYER_CONVENTION

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cache_server.client import CacheClient, HiddenResult, TargetHeads
 from cache_server.torch_utils import as_numpy
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.checkpoints.loading import load_with_spec
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.source import FeatureSource

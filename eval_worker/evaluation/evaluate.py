@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from cache_server.torch_utils import dtype_name
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.checkpoints.loading import check_fits_target
 from eval_worker.evaluation.checks import check_features, check_heads
 from eval_worker.evaluation.feature_cache import FeatureCache, Fetched

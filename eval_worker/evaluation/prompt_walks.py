@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.evaluation.feature_cache import Features
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost, PromptFeatures, Walked

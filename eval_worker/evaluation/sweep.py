@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from cache_server.client import CacheClient
 from cache_server.torch_utils import TORCH_DTYPES, resolve_device
-from eval_worker.checkpoints.loaded import Family, LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import Family, LoadedCheckpoint
 from eval_worker.checkpoints.loading import detect, load_detected, request_of
 from eval_worker.errors import CheckpointRefused
 from eval_worker.evaluation.evaluate import evaluate_many

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import Tensor
 
-from eval_worker.checkpoints.loaded import Family, LoadedCheckpoint, LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import Family, LoadedCheckpoint, LoadRequest
 from eval_worker.checkpoints.raw import RawCheckpoint
 from eval_worker.errors import CheckpointRefused
 from eval_worker.evaluation.options import EvalOptions

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.parity.compare import tau
 from eval_worker.parity.engine import VllmEngine
 from schemas.model import ModelInfo

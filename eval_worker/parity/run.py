@@ -12,7 +12,7 @@ from pathlib import Path
 
 from cache_server.client import CacheClient
 from cache_server.torch_utils import resolve_device
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.checkpoints.loading import detect, load_detected, request_of
 from eval_worker.evaluation.sweep import evaluate_checkpoints, select_prompts, set_members
 from eval_worker.parity.compare import compare_prompt

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cache_server.client import CacheClient
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.evaluation.sweep import evaluate_checkpoints
 from eval_worker.parity.compare import compare_prompt, first_difference
 from eval_worker.parity.distribution import distribution_check

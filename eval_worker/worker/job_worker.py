@@ -11,7 +11,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from cache_server.client import CacheClient, CacheClientError, JobsClient, LeaseLostError, ServerUnreachable
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.checkpoints.loading import load_with_spec
 from eval_worker.errors import CheckpointRefused
 from eval_worker.evaluation.sweep import evaluate_checkpoints, feature_cache

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cache_server.client import CacheClient
-from eval_worker.checkpoints.loaded import LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import LoadRequest
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
 from eval_worker.evaluation.evaluate import evaluate

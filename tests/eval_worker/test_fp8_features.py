@@ -14,7 +14,7 @@ import pytest
 
 from cache_server.capture.fingerprint import target_fingerprint
 from cache_server.client import CacheClient, HiddenResult
-from eval_worker.checkpoints.loaded import LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import LoadRequest
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
 from eval_worker.evaluation.evaluate import evaluate

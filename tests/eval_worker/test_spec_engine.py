@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.families.dflash.walks import CHAIN

@@ -10,23 +10,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from eval_worker.drafters.shape import DecoderShape
 from eval_worker.errors import CheckpointRefused
 
 HfLayout = Literal["published", "top_level", "block_in_dflash_config"]
 
 
 @dataclass(frozen=True)
-class DFlashConfig:
-    """The drafter's shape and its DFlash fields (block size, mask token, target layers)."""
+class DFlashConfig(DecoderShape):
+    """The drafter's shape, its layer count and its DFlash fields (block size, mask token, target layers)."""
 
-    hidden_size: int
     num_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    rope_theta: float
     block_size: int
     mask_token_id: int
     target_layer_ids: tuple[int, ...] | None = None

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.probabilistic import (
     LOGIT_ELEMENTS,

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost, PromptFeatures, Walked
 from eval_worker.families.dflash.config import DFlashConfig

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from eval_worker.checkpoints.config_keys import inert_lines
 from eval_worker.checkpoints.layer_ids import ResolvedLayerIds, resolve_eagle3_layer_ids, to_decoder_outputs
-from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest, requested_options
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint, LoadRequest, requested_options
 from eval_worker.checkpoints.raw import RawCheckpoint
 from eval_worker.checkpoints.state_checks import check_key_set, check_shapes, module_shapes
 from eval_worker.errors import CheckpointRefused

@@ -10,20 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from eval_worker.drafters.shape import DecoderShape
+
 FeatureNorm = Literal["none", "concat", "per_tap"]
 
 
 @dataclass(frozen=True)
-class Eagle3Config:
+class Eagle3Config(DecoderShape):
     """One Llama-style decoder layer whose attention reads `cat(embedding, hidden)` (2H wide)."""
 
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    rope_theta: float
     vocab_size: int  # the target's vocabulary (embedding rows, `t2d` length)
     draft_vocab_size: int  # lm_head rows; a draft id d is target id d + d2t[d]
     target_hidden_size: int  # width of one tap; fc is [hidden, taps * target_hidden]

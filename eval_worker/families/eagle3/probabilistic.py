@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.probabilistic import PAST_END, AnchorCells, draft_token_probs, expected_chains
 from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost, PromptFeatures, TargetNorm

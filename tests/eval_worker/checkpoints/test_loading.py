@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eval_worker.checkpoints.loaded import LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import LoadRequest
 from eval_worker.checkpoints.loading import load_checkpoint, load_with_spec
 from eval_worker.errors import CheckpointRefused
 from eval_worker.families.dflash.checkpoint import expected_shapes

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
-from eval_worker.checkpoints.loaded import LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import LoadRequest
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.cli import main
 from eval_worker.errors import CheckpointRefused

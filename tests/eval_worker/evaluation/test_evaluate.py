@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cache_server.client import HiddenResult, TargetHeads
-from eval_worker.checkpoints.loaded import LoadedCheckpoint
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.checkpoints.loading import load_checkpoint
 from eval_worker.errors import CheckpointRefused, FeatureMismatch
 from eval_worker.evaluation.evaluate import evaluate

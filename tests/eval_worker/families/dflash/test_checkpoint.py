@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint, LoadRequest
 from eval_worker.checkpoints.raw import read_raw
 from eval_worker.errors import CheckpointRefused
 from eval_worker.families.dflash.checkpoint import describe_dflash, load_dflash

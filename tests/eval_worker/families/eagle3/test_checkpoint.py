@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from eval_worker.checkpoints.loaded import LoadedCheckpoint, LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint, LoadRequest
 from eval_worker.checkpoints.raw import read_raw
 from eval_worker.errors import CheckpointRefused
 from eval_worker.families.eagle3.checkpoint import describe_eagle3, load_eagle3

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eval_worker.checkpoints.info import describe_checkpoint
-from eval_worker.checkpoints.loaded import LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import LoadRequest
 from eval_worker.checkpoints.raw import SafetensorsState, read_raw
 from eval_worker.errors import CheckpointRefused
 from eval_worker.families import family_of

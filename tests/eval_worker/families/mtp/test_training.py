@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cache_server.client import CacheClient
-from eval_worker.checkpoints.loaded import LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import LoadRequest
 from eval_worker.checkpoints.raw import read_raw
 from eval_worker.cli import main
 from eval_worker.evaluation.walk_types import TargetNorm

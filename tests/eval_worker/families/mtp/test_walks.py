@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eval_worker.checkpoints.loaded import LoadRequest
+from eval_worker.checkpoints.loaded_checkpoint import LoadRequest
 from eval_worker.checkpoints.raw import read_raw
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost, PromptFeatures, TargetNorm

@@ -1,4 +1,4 @@
-"""The tensor responses of `GET /hidden` and `GET /target/heads`, built next to the routes that send
+"""The tensor bodies of `GET /hidden` and `GET /target/heads`, built next to the routes that send
 them: a published prompt's rows as one safetensors buffer (`bodies.py`), as a stream of decoded
 blocks (`streaming.py`), or as the stored pieces (`pieces_body.py`). Bytes that do not decode are
 never sent: the service (`HiddenStateService.hidden`) captures their layers again and the caller gets
@@ -27,8 +27,8 @@ from schemas.pieces import ENCODING, MEDIA_TYPE
 SAFETENSORS = "application/octet-stream"
 
 
-class TensorResponses:
-    """Builds `/hidden` and `/target/heads` responses from a store and a target; `stream`: send `/hidden`
+class TensorBodies:
+    """Builds `/hidden` and `/target/heads` bodies from a store and a target; `stream`: send `/hidden`
     safetensors bodies block by block while the next block decodes. `recapture` is the service's: a
     block that fails its checksums mid-stream still has its layers captured again."""
 
