@@ -103,8 +103,9 @@ class MtpOptions(BaseModel):
         return False
 
 
-FamilyOptions = Annotated[DFlashOptions | Eagle3Options | MtpOptions, Field(discriminator="family")]
-FAMILY_OPTIONS: dict[DrafterFamilyName, type[DFlashOptions | Eagle3Options | MtpOptions]] = {
+AnyFamilyOptions = DFlashOptions | Eagle3Options | MtpOptions  # a new family's block joins here
+FamilyOptions = Annotated[AnyFamilyOptions, Field(discriminator="family")]
+FAMILY_OPTIONS: dict[DrafterFamilyName, type[AnyFamilyOptions]] = {
     "dflash": DFlashOptions,
     "eagle3": Eagle3Options,
     "mtp": MtpOptions,

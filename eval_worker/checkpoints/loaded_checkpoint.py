@@ -11,17 +11,10 @@ from torch import nn
 from eval_worker.checkpoints.layer_ids import LayerIdsSource, ResolvedLayerIds
 from eval_worker.checkpoints.raw import CheckpointFormat
 from eval_worker.errors import CheckpointRefused
-from schemas.eval_spec import (
-    FAMILY_TITLES,
-    DFlashOptions,
-    DrafterFamilyName,
-    Eagle3Options,
-    FamilyOptions,
-    MtpOptions,
-)
+from schemas.eval_spec import FAMILY_TITLES, AnyFamilyOptions, DrafterFamilyName, FamilyOptions
 
 Family = DrafterFamilyName
-Options = TypeVar("Options", DFlashOptions, Eagle3Options, MtpOptions)
+Options = TypeVar("Options", bound=AnyFamilyOptions)
 
 
 @dataclass(frozen=True)

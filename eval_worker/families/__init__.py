@@ -29,7 +29,7 @@ from eval_worker.families.eagle3.probabilistic import expected_eagle3
 from eval_worker.families.eagle3.walks import eagle3_report_fields, walk_eagle3
 from eval_worker.families.mtp.checkpoint import check_mtp_fits, describe_mtp, is_mtp, load_mtp
 from eval_worker.families.mtp.walks import expected_mtp, mtp_report_fields, walk_mtp
-from schemas.eval_spec import DFlashOptions, Eagle3Options, FamilyOptions, MtpOptions
+from schemas.eval_spec import AnyFamilyOptions, DFlashOptions, Eagle3Options, FamilyOptions, MtpOptions
 from schemas.model import ModelInfo
 from schemas.report import Drafting, ExpectedRounds
 from schemas.sampling import SamplingParams
@@ -48,7 +48,7 @@ class DrafterFamily:
 
     name: Family
     title: str  # as people write it
-    options: type[DFlashOptions | Eagle3Options | MtpOptions]  # its block of `EvalSpec.family_options`
+    options: type[AnyFamilyOptions]  # its block of `EvalSpec.family_options`
     detect: Callable[[Mapping[str, Any]], bool]  # its config (CheckpointRefused: a family read by none)
     load: Callable[[Path, RawCheckpoint, ModelInfo, LoadRequest], LoadedCheckpoint]
     check_fits: Callable[[LoadedCheckpoint, ModelInfo], None]  # against a (possibly other) target's description
