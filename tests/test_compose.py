@@ -1,7 +1,7 @@
 """docker-compose.yml and services/Dockerfile cannot rot: every name they use exists in the code.
 
 No Docker engine runs here, so the files are parsed and checked against the settings classes, the
-console scripts, the CLI parsers and the README's variable table; `${...}` is resolved as Compose does.
+console scripts, the CLI parsers and the deployment page's variable table; `${...}` is resolved as Compose does.
 """
 
 from __future__ import annotations
@@ -135,18 +135,18 @@ def test_each_required_variable_is_demanded(raw: dict[str, Any], missing: str) -
         _resolve(raw, {**env, missing: ""})
 
 
-def test_every_variable_is_in_the_readme_table(raw: dict[str, Any]) -> None:
-    readme = (ROOT / "README.md").read_text()
-    _, found, section = readme.partition("\n## Deploy on a GPU node\n")
-    assert found, "README.md lacks the '## Deploy on a GPU node' section"
+def test_every_variable_is_in_the_deployment_pages_table(raw: dict[str, Any]) -> None:
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    _, found, section = page.partition("\n## Deploy on a GPU node\n")
+    assert found, "docs/deployment.md lacks the '## Deploy on a GPU node' section"
     section = section.split("\n## ")[0]
     table = set(re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \|", section, flags=re.MULTILINE))
     passed_through = {
         name for s in raw["services"].values() for name, v in (s.get("environment") or {}).items() if v is None
     }
     used = {m["name"] for m in _interpolations(raw)} | passed_through
-    assert used - table == set(), "variables missing from the README table"
-    assert table - used == set(), "README table rows for variables the compose file no longer uses"
+    assert used - table == set(), "variables missing from the deployment page's table"
+    assert table - used == set(), "deployment page table rows for variables the compose file no longer uses"
 
 
 # -- services against the code -------------------------------------------------------------------
