@@ -51,10 +51,21 @@ def _top(modules: set[str]) -> set[str]:
     return {m.partition(".")[0] for m in modules}
 
 
+TORCH_SIDE = ("cache_server.client.torch_dataset",)  # the client's torch side, imported only by name
+
+
 def test_the_client_is_light() -> None:
-    loaded = _loaded_after(["cache_server.client", *_modules("cache_server/client")])
+    light = [m for m in _modules("cache_server/client") if m not in TORCH_SIDE]
+    loaded = _loaded_after(["cache_server.client", *light])
     assert not _top(loaded) & HEAVY, sorted(_top(loaded) & HEAVY)
     assert not _server_side(loaded)
+    assert not set(TORCH_SIDE) & loaded
+
+
+def test_the_clients_torch_side_loads_no_server_side() -> None:
+    loaded = _loaded_after(list(TORCH_SIDE))
+    assert not _server_side(loaded)
+    assert not _top(loaded) & {"transformers", "zarr", "fastapi", "uvicorn", "starlette"}
 
 
 def test_schemas_import_no_torch() -> None:

@@ -1,0 +1,178 @@
+"""Training samples straight from the cache: a torch `IterableDataset` over prompts, yielding each in the
+schema a peer trainer reads. The client's torch side, loaded only when imported (as `safetensors.torch`
+sits apart from `safetensors`): `import cache_server.client` never loads torch.
+
+    from cache_server.client.torch_dataset import HiddenStatesDataset
+
+    data = HiddenStatesDataset("http://cache:8000", layers=[2, 16, 29], layer_convention="hf_index",
+                               set_name="ultrachat", format="speculators", rank=rank, world_size=world)
+    for epoch in range(epochs):
+        data.set_epoch(epoch)
+        loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=4, multiprocessing_context="spawn")
+        for sample in loader: ...
+
+Formats (T tokens, k aux layers of width H; the last layer is the target's last decoder output, L-1):
+- `speculators`: `input_ids` [T] int64, `hidden_states` [T, k*H], `verifier_last_hidden_states` [T, H]
+  (raw, before the final norm: its trainer applies the norm), `loss_mask` [T] int64.
+- `specforge-eagle3`: `input_ids` [T], `loss_mask` [T], `hidden_state` [1, T, H] (after the target's
+  final norm, as SpecForge's offline files hold it), `aux_hidden_state` [1, T, k*H].
+- `specforge-dflash`: `input_ids` [T], `loss_mask` [T], `hidden_states` [1, T, k*H].
+
+The loss mask is 1 on the response tokens (positions from the prompt's length on), 0 on the prompt.
+Every rank sees the same order of an epoch (shuffled with `seed + epoch`) and takes every
+`world_size`-th prompt from its `rank`; DataLoader workers split a rank's share the same way. A prompt
+still being captured is waited for (the server captures a cold prompt's missing layers on demand).
+Start DataLoader workers with "spawn" (as speculators does): a worker forked after torch's OpenMP threads
+have run can hang.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Literal
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from cache_server.client.cache import CacheClient
+from cache_server.client.errors import NotReadyError
+from cache_server.client.results import HiddenResult, as_tensor
+from cache_server.torch_utils import rms_norm
+
+SampleFormat = Literal["speculators", "specforge-eagle3", "specforge-dflash"]
+LayerConvention = Literal["decoder_output_0based", "hf_index"]
+Sample = dict[str, torch.Tensor]
+_WITH_LAST = ("speculators", "specforge-eagle3")  # formats that carry the last layer beside the aux layers
+
+
+def decoder_outputs(layers: Sequence[int], convention: LayerConvention) -> list[int]:
+    """Layer ids as the cache serves them (0-based decoder outputs) from ids in `convention`: HF's
+    `hidden_states` index i is decoder output i - 1; index 0, the embeddings, is not a decoder output."""
+    if convention == "decoder_output_0based":
+        return list(layers)
+    if any(i < 1 for i in layers):
+        raise ValueError(f"hf_index layer ids count from 1 (0 is the embeddings, not stored), got {list(layers)}")
+    return [i - 1 for i in layers]
+
+
+class HiddenStatesDataset(IterableDataset[Sample]):
+    """The prompts of a set (or the ids given), each yielded once per epoch as a training sample in
+    `format`, with the aux `layers` (in `layer_convention`) concatenated per token."""
+
+    # keyword-only options, each named at the call
+    def __init__(  # noqa: PLR0913
+        self,
+        server: str,
+        *,
+        layers: Sequence[int],
+        format: SampleFormat,
+        set_name: str | None = None,
+        prompt_ids: Sequence[str] | None = None,
+        layer_convention: LayerConvention = "decoder_output_0based",
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        prefetch: int = 4,
+        token: str | None = None,
+        wait_s: float = 3600.0,
+    ) -> None:
+        if (set_name is None) == (prompt_ids is None):
+            raise ValueError("name one of set_name or prompt_ids")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+        self.server, self.token, self.format = server, token, format
+        self.aux = decoder_outputs(layers, layer_convention)
+        self.rank, self.world_size, self.seed, self.prefetch, self.wait_s = rank, world_size, seed, prefetch, wait_s
+        self.epoch = 0
+        with CacheClient(server, token=token) as client:
+            self.last = client.model().num_layers - 1
+            self.prompt_ids = list(prompt_ids) if prompt_ids is not None else _set_ids(client, set_name)
+            self.final_norm = _final_norm(client) if format == "specforge-eagle3" else None
+        self.fetched = self.aux + ([self.last] if format in _WITH_LAST else [])
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose order the next iteration follows."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        """Prompts this rank yields per epoch (over all its workers)."""
+        return len(range(self.rank, len(self.prompt_ids), self.world_size))
+
+    def epoch_order(self) -> list[str]:
+        """Every prompt of the epoch, in the order all ranks share."""
+        ids = list(self.prompt_ids)
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(ids)
+        return ids
+
+    def __iter__(self) -> Iterator[Sample]:
+        """This rank's and this DataLoader worker's share of the epoch, fetched `prefetch` ahead."""
+        mine = self.epoch_order()[self.rank :: self.world_size]
+        worker = get_worker_info()
+        if worker is not None:
+            mine = mine[worker.id :: worker.num_workers]
+        with CacheClient(self.server, token=self.token) as client, ThreadPoolExecutor(self.prefetch) as pool:
+            ahead: deque[Future[HiddenResult]] = deque()
+            for prompt_id in mine:
+                ahead.append(pool.submit(self._fetch, client, prompt_id))
+                if len(ahead) > self.prefetch:  # at most `prefetch` fetched ahead of the one yielded
+                    yield self.sample(ahead.popleft().result())
+            while ahead:
+                yield self.sample(ahead.popleft().result())
+
+    def _fetch(self, client: CacheClient, prompt_id: str) -> HiddenResult:
+        """The prompt's layers, waiting while it is captured (503 with Retry-After) up to `wait_s`."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                return client.hidden(prompt_id, self.fetched)
+            except NotReadyError as e:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"prompt {prompt_id} was not ready within {self.wait_s} s") from e
+                time.sleep(e.retry_after_s or 1.0)
+
+    def sample(self, result: HiddenResult) -> Sample:
+        """One fetched prompt in this dataset's format."""
+        hidden, token_ids = (as_tensor(a) for a in (result.hidden, result.token_ids))
+        width = len(self.aux) * result.metadata.hidden_size
+        aux = hidden[:, :width]
+        loss_mask = (torch.arange(len(token_ids)) >= result.metadata.prompt_len).long()
+        if self.format == "specforge-dflash":
+            return {"input_ids": token_ids, "loss_mask": loss_mask, "hidden_states": aux[None]}
+        last = hidden[:, width:]
+        if self.format == "speculators":
+            return {
+                "input_ids": token_ids,
+                "hidden_states": aux,
+                "verifier_last_hidden_states": last,
+                "loss_mask": loss_mask,
+            }
+        if self.final_norm is None:  # built for this format in __init__
+            raise RuntimeError("a specforge-eagle3 dataset without the target's final norm")
+        weight, eps, zero_centered = self.final_norm
+        normed = rms_norm(last, weight, eps, zero_centered)
+        return {
+            "input_ids": token_ids,
+            "loss_mask": loss_mask,
+            "hidden_state": normed[None],
+            "aux_hidden_state": aux[None],
+        }
+
+
+def _set_ids(client: CacheClient, set_name: str | None) -> list[str]:
+    """The ids of a set's prompts, in the server's order (ValueError for an empty set)."""
+    ids = [p.prompt_id for p in client.prompts(set_name=set_name)]
+    if not ids:
+        raise ValueError(f"prompt set {set_name!r} has no prompts")
+    return ids
+
+
+def _final_norm(client: CacheClient) -> tuple[torch.Tensor, float, bool]:
+    """The target's final RMSNorm as the server serves it (ValueError when it serves none)."""
+    heads = client.heads()
+    if heads.final_norm is None or heads.final_norm_eps is None:
+        raise ValueError("specforge-eagle3 needs the target's final norm, and this server serves none")
+    return as_tensor(heads.final_norm).clone(), heads.final_norm_eps, heads.final_norm_zero_centered
