@@ -42,6 +42,7 @@ from cache_server.client.cache import CacheClient
 from cache_server.client.errors import NotReadyError
 from cache_server.client.results import HiddenResult, as_tensor
 from cache_server.torch_utils import rms_norm
+from schemas.layers import layer_list_problem
 
 SampleFormat = Literal["speculators", "specforge-eagle3", "specforge-dflash"]
 LayerConvention = Literal["decoder_output_0based", "hf_index"]
@@ -89,10 +90,14 @@ class HiddenStatesDataset(IterableDataset[Sample]):
         self.rank, self.world_size, self.seed, self.prefetch, self.wait_s = rank, world_size, seed, prefetch, wait_s
         self.epoch = 0
         with CacheClient(server, token=token) as client:
-            self.last = client.model().num_layers - 1
+            num_layers = client.model().num_layers
+            problem = layer_list_problem(self.aux, num_layers)
+            if problem is not None:
+                raise ValueError(problem)
             self.prompt_ids = list(prompt_ids) if prompt_ids is not None else _set_ids(client, set_name)
             self.final_norm = _final_norm(client) if format == "specforge-eagle3" else None
-        self.fetched = self.aux + ([self.last] if format in _WITH_LAST else [])
+        self.last = num_layers - 1  # the target's last decoder output: fetched once, even when an aux layer too
+        self.fetched = self.aux + ([self.last] if format in _WITH_LAST and self.last not in self.aux else [])
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose order the next iteration follows."""
@@ -130,19 +135,22 @@ class HiddenStatesDataset(IterableDataset[Sample]):
             try:
                 return client.hidden(prompt_id, self.fetched)
             except NotReadyError as e:
+                if e.retry_after_s is None:  # stored bytes no capture can mend: not worth waiting for
+                    raise
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"prompt {prompt_id} was not ready within {self.wait_s} s") from e
-                time.sleep(e.retry_after_s or 1.0)
+                time.sleep(e.retry_after_s)
 
     def sample(self, result: HiddenResult) -> Sample:
         """One fetched prompt in this dataset's format."""
         hidden, token_ids = (as_tensor(a) for a in (result.hidden, result.token_ids))
-        width = len(self.aux) * result.metadata.hidden_size
-        aux = hidden[:, :width]
+        h = result.metadata.hidden_size
+        aux = hidden[:, : len(self.aux) * h]
         loss_mask = (torch.arange(len(token_ids)) >= result.metadata.prompt_len).long()
         if self.format == "specforge-dflash":
             return {"input_ids": token_ids, "loss_mask": loss_mask, "hidden_states": aux[None]}
-        last = hidden[:, width:]
+        at = self.fetched.index(self.last)  # the formats below fetched it
+        last = hidden[:, at * h : (at + 1) * h]
         if self.format == "speculators":
             return {
                 "input_ids": token_ids,

@@ -96,3 +96,14 @@ def test_hf_index_ids_are_decoder_outputs_one_below() -> None:
     assert decoder_outputs([1, 3, 4], "decoder_output_0based") == [1, 3, 4]
     with pytest.raises(ValueError, match="0 is the embeddings"):
         decoder_outputs([0, 3], "hf_index")
+
+
+def test_the_last_layer_as_an_aux_layer_is_fetched_once_and_bad_ids_refused(served) -> None:  # type: ignore[no-untyped-def]
+    url, _ = served
+    data = HiddenStatesDataset(url, layers=[1, 5], format="speculators", set_name="train")
+    assert data.fetched == [1, 5]
+    sample = next(iter(data))
+    h = sample["verifier_last_hidden_states"].shape[1]
+    assert torch.equal(sample["verifier_last_hidden_states"], sample["hidden_states"][:, h:])
+    with pytest.raises(ValueError, match=r"outside the target's 0\.\.5"):
+        HiddenStatesDataset(url, layers=[1, 6], format="speculators", set_name="train")
