@@ -122,13 +122,17 @@ class HiddenStatesDataset(IterableDataset[Sample]):
         with CacheClient(self.server, token=self.token) as client, ThreadPoolExecutor(self.prefetch) as pool:
             ahead: deque[Future[HiddenResult]] = deque()
             for prompt_id in mine:
-                ahead.append(pool.submit(self._fetch, client, prompt_id))
+                ahead.append(pool.submit(self.fetch, client, prompt_id))
                 if len(ahead) > self.prefetch:  # at most `prefetch` fetched ahead of the one yielded
                     yield self.sample(ahead.popleft().result())
             while ahead:
                 yield self.sample(ahead.popleft().result())
 
-    def _fetch(self, client: CacheClient, prompt_id: str) -> HiddenResult:
+    def sample_of(self, client: CacheClient, prompt_id: str) -> Sample:
+        """One prompt's sample, fetched now (waiting while it is captured)."""
+        return self.sample(self.fetch(client, prompt_id))
+
+    def fetch(self, client: CacheClient, prompt_id: str) -> HiddenResult:
         """The prompt's layers, waiting while it is captured (503 with Retry-After) up to `wait_s`."""
         deadline = time.monotonic() + self.wait_s
         while True:
