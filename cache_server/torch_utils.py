@@ -47,6 +47,14 @@ def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float, zero_center
     return weight * x.to(hidden.dtype)
 
 
+def as_torch(array: np.ndarray) -> torch.Tensor:
+    """A numpy array's exact bytes as a tensor sharing its memory (`as_numpy`'s inverse; the array must be
+    writeable, as torch.from_numpy aliases it)."""
+    if array.dtype == numpy_dtype("bfloat16"):  # torch takes no ml_dtypes array: via its bit pattern
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
 def as_numpy(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor's exact bytes as a numpy array (ml_dtypes.bfloat16 for bf16), without a copy
     when it is contiguous."""

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
 
-from schemas.layers import format_layer_list, parse_layer_list
+from schemas.layers import LAYER_CONVENTION, RequestLayerConvention, format_layer_list, parse_layer_list
 from schemas.sampling import SamplingParams
 
 HIDDEN_TENSOR = "hidden"
@@ -15,6 +18,21 @@ LM_HEAD_TENSOR = "lm_head.weight"
 FINAL_NORM_TENSOR = "norm.weight"  # the target's final RMSNorm (plain or zero-centred: metadata final_norm_kind)
 # `final_norm_kind`: weight * x / rms(x) (Llama, DeepSeek-V3), or (1 + weight) * x / rms(x) (Qwen3-Next, Qwen3.5)
 PLAIN_NORM_KIND, ZERO_CENTERED_NORM_KIND = "rmsnorm", "rmsnorm_zero_centered"
+
+
+# `final_norm` on `/hidden`: the target's last layer as stored (raw, the residual stream), or after the
+# target's final norm ("post", what HF's `hidden_states[-1]` and SpecForge's EAGLE-3 `hidden_state` hold).
+FinalNormMode = Literal["raw", "post"]
+
+
+@dataclass(frozen=True)
+class LayerRequest:
+    """How a `/hidden` request named its layers and what it asked of the target's last one; the body's
+    metadata says the same (`layers` as asked, in `convention`; `final_norm` when "post")."""
+
+    asked: tuple[int, ...]
+    convention: RequestLayerConvention = LAYER_CONVENTION
+    final_norm: FinalNormMode = "raw"
 
 
 class HiddenMetadata(BaseModel):
@@ -36,6 +54,7 @@ class HiddenMetadata(BaseModel):
     capture: str | None = None  # how the states were computed (`CaptureInfo.describe()`; None: not said)
     sampling: str | None = None  # how it was sampled from the target: `SamplingParams` as JSON (None: greedy)
     outside_support: int | None = None  # a sampled response's tokens outside the support of its setting
+    final_norm: FinalNormMode | None = None  # "post": the last layer's columns are after the final norm
 
     @property
     def sampling_params(self) -> SamplingParams | None:

@@ -15,6 +15,9 @@ from pydantic import BeforeValidator
 
 LayerConvention = Literal["decoder_output_0based"]
 LAYER_CONVENTION: LayerConvention = "decoder_output_0based"
+# How a request may number layers: as the cache does, or as HF's `hidden_states` index (id + 1; index 0,
+# the embeddings, is not stored), the numbering speculators' and SpecForge's configs write.
+RequestLayerConvention = Literal["decoder_output_0based", "hf_index"]
 # How a checkpoint's layer ids may be read: layer input i is decoder output i - 1 (REFERENCE s.8).
 CheckpointLayerConvention = Literal["layer_input", "decoder_output_0based"]
 
@@ -51,6 +54,16 @@ def layer_list_problem(layers: Sequence[int], num_layers: int) -> str | None:
     if len(set(layers)) != len(layers):
         return f"duplicated layer ids in {list(layers)}; {valid}"
     return None
+
+
+def decoder_outputs(layers: Sequence[int], convention: RequestLayerConvention) -> list[int]:
+    """Layer ids as the cache keeps them (0-based decoder outputs) from ids in `convention`: HF's
+    `hidden_states` index i is decoder output i - 1 (ValueError for index 0, the embeddings)."""
+    if convention == "decoder_output_0based":
+        return list(layers)
+    if any(i < 1 for i in layers):
+        raise ValueError(f"hf_index layer ids count from 1 (0 is the embeddings, not stored), got {list(layers)}")
+    return [i - 1 for i in layers]
 
 
 def _strict_int(value: object) -> object:

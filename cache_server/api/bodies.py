@@ -4,14 +4,16 @@ filled straight from the store, and `GET /target/heads`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from safetensors.torch import save
 
+from cache_server.capture.heads import FinalNorm
 from cache_server.capture.target import Target
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
-from cache_server.torch_utils import dtype_name
+from cache_server.torch_utils import as_numpy, as_torch, dtype_name
 from schemas.hidden import (
     EMBED_TENSOR,
     FINAL_NORM_TENSOR,
@@ -19,17 +21,21 @@ from schemas.hidden import (
     LM_HEAD_TENSOR,
     TOKEN_IDS_TENSOR,
     HiddenMetadata,
+    LayerRequest,
 )
 from schemas.safetensors_frame import FramedBody, TensorSpec, frame, numpy_dtype
 from schemas.storage import describe_storage
 
 
-def hidden_metadata(manifest: PromptManifest, layers: Sequence[int], start: int, stop: int) -> HiddenMetadata:
-    """The `__metadata__` of a `/hidden` body: which prompt, layers, convention, target and rows."""
+def hidden_metadata(
+    manifest: PromptManifest, layers: Sequence[int], start: int, stop: int, asked: LayerRequest | None = None
+) -> HiddenMetadata:
+    """The `__metadata__` of a `/hidden` body: which prompt, layers (as `asked` named them, default as
+    stored), convention, target and rows."""
     return HiddenMetadata(
         prompt_id=manifest.prompt_id,
-        layers=list(layers),
-        layer_convention=manifest.layer_convention,
+        layers=list(asked.asked if asked is not None else layers),
+        layer_convention=asked.convention if asked is not None else manifest.layer_convention,
         model_fingerprint=manifest.model_fingerprint,
         hidden_size=manifest.hidden_size,
         prompt_len=manifest.prompt_len,
@@ -42,15 +48,23 @@ def hidden_metadata(manifest: PromptManifest, layers: Sequence[int], start: int,
         capture=manifest.capture.describe() if manifest.capture is not None else f"hf {manifest.dtype}",
         sampling=manifest.sampling.model_dump_json() if manifest.sampling is not None else None,
         outside_support=manifest.outside_support,
+        final_norm="post" if asked is not None and asked.final_norm == "post" else None,
     )
 
 
 def hidden_body(
-    store: HiddenStore, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int
+    store: HiddenStore,
+    manifest: PromptManifest,
+    layers: Sequence[int],
+    start: int,
+    stop: int,
+    asked: LayerRequest | None = None,
+    post_norm: PostNorm | None = None,
 ) -> FramedBody:
-    """hidden [stop-start, len(layers)*H] in request order + token_ids, exact stored bytes."""
+    """hidden [stop-start, len(layers)*H] in request order + token_ids, exact stored bytes; with
+    `post_norm`, its layer's columns after the target's final norm."""
     rows, width = stop - start, len(layers) * manifest.hidden_size
-    meta = hidden_metadata(manifest, layers, start, stop)
+    meta = hidden_metadata(manifest, layers, start, stop, asked)
     body = frame(
         [
             TensorSpec(HIDDEN_TENSOR, numpy_dtype(manifest.dtype), (rows, width)),
@@ -60,8 +74,26 @@ def hidden_body(
     )
     out = body.regions[HIDDEN_TENSOR].view(store.numpy_dtype).reshape(rows, width)
     store.read_into(manifest.prompt_id, layers, out, start, stop)
+    if post_norm is not None:
+        post_norm.apply(out, layers)
     body.regions[TOKEN_IDS_TENSOR].view(np.int64)[:] = store.token_ids(manifest.prompt_id)[start:stop]
     return body
+
+
+@dataclass(frozen=True)
+class PostNorm:
+    """The target's final norm, applied to its last layer's columns of a body (`final_norm=post`)."""
+
+    norm: FinalNorm
+    last_layer: int
+
+    def apply(self, out: np.ndarray, layers: Sequence[int]) -> None:
+        """Replace the last layer's columns of `out` [rows, len(layers) * H] by their normed values."""
+        h = out.shape[1] // len(layers)
+        at = list(layers).index(self.last_layer) * h
+        columns = out[:, at : at + h]
+        normed = self.norm(as_torch(np.ascontiguousarray(columns)))
+        columns[:] = as_numpy(normed)
 
 
 def heads_body(target: Target) -> bytes:

@@ -13,6 +13,7 @@ import numpy as np
 from cache_server.api.bodies import hidden_metadata
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
+from schemas.hidden import LayerRequest
 from schemas.pieces import Piece, pieces_header
 
 
@@ -29,7 +30,12 @@ class PiecesBody:
 
 
 def pieces_body(
-    store: HiddenStore, manifest: PromptManifest, layers: Sequence[int], start: int, stop: int
+    store: HiddenStore,
+    manifest: PromptManifest,
+    layers: Sequence[int],
+    start: int,
+    stop: int,
+    asked: LayerRequest | None = None,
 ) -> PiecesBody:
     """Rows start:stop of `layers` as stored (blocks the rows need), with the token ids."""
     index: list[Piece] = []
@@ -45,7 +51,7 @@ def pieces_body(
     if manifest.storage != "exact":
         scales = np.ascontiguousarray(store.scales(manifest.prompt_id, layers, start, stop), dtype="<f4").tobytes()
         scales_at = (offset + len(token_ids), len(scales))
-    metadata = hidden_metadata(manifest, layers, start, stop).to_strings()
+    metadata = hidden_metadata(manifest, layers, start, stop, asked).to_strings()
     head = pieces_header(
         metadata,
         manifest.dtype,

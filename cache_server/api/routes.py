@@ -15,7 +15,8 @@ from cache_server.api.error_handlers import error_responses
 from cache_server.api.tensor_bodies import SAFETENSORS
 from cache_server.jobs.layer_usage import layer_usage
 from schemas.errors import ErrorCode as E
-from schemas.layers import MAX_OFFSET, AsciiInt
+from schemas.hidden import FinalNormMode, LayerRequest
+from schemas.layers import LAYER_CONVENTION, MAX_OFFSET, AsciiInt, RequestLayerConvention, parse_layer_list
 from schemas.model import ModelInfo
 from schemas.plan import LayerUsage, StoragePlan
 from schemas.prompts import PromptPage, PromptState, PromptStatus, RegisterRequest, RegisterResponse, SetList
@@ -107,12 +108,21 @@ async def hidden(
         Literal["safetensors", "pieces"],
         Query(description="pieces: the stored compressed pieces, for clients that decode"),
     ] = "safetensors",
+    layer_convention: Annotated[
+        RequestLayerConvention,
+        Query(description="hf_index: layer ids are HF hidden_states indices (decoder output + 1; 0 is not stored)"),
+    ] = LAYER_CONVENTION,
+    final_norm: Annotated[
+        FinalNormMode,
+        Query(description="post: the target's last layer after its final norm (safetensors only); raw: as stored"),
+    ] = "raw",
 ) -> Response:
     """The hidden states of `layers` of one prompt, concatenated per token in the order asked.
 
     Waits for a pending prompt up to the server's `--wait-s`, then answers 503 with Retry-After."""
-    ids = service.layer_ids(layers)
-    return await service.hidden(prompt_id, ids, start, stop, tensors.hidden(ids, encoding))
+    ids = service.layer_ids(layers, layer_convention)
+    asked = LayerRequest(tuple(parse_layer_list(layers)), layer_convention, final_norm)
+    return await service.hidden(prompt_id, ids, start, stop, tensors.hidden(ids, encoding, asked))
 
 
 @router.get("/plan", responses=error_responses())

@@ -26,7 +26,7 @@ from cache_server.api.bodies import hidden_metadata
 from cache_server.store import chunks
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
-from schemas.hidden import HIDDEN_TENSOR, TOKEN_IDS_TENSOR
+from schemas.hidden import HIDDEN_TENSOR, TOKEN_IDS_TENSOR, LayerRequest
 from schemas.safetensors_frame import TensorSpec, frame_header, numpy_dtype
 
 AHEAD = 2  # blocks decoded ahead of the one being sent
@@ -80,6 +80,7 @@ async def hidden_stream(
     stop: int,
     pool: ThreadPoolExecutor,
     buffers: BlockBuffers,
+    asked: LayerRequest | None = None,
 ) -> HiddenStream:
     """The stream of a `/hidden` body. The first block is decoded before this returns, so that a
     store error still becomes an error response; a later one aborts the connection (the client sees
@@ -90,7 +91,7 @@ async def hidden_stream(
         TensorSpec(HIDDEN_TENSOR, dtype, (stop - start, width)),
         TensorSpec(TOKEN_IDS_TENSOR, np.dtype(np.int64), (stop - start,)),
     ]
-    head, offsets = frame_header(specs, hidden_metadata(manifest, layers, start, stop).to_strings())
+    head, offsets = frame_header(specs, hidden_metadata(manifest, layers, start, stop, asked).to_strings())
     row_bytes = width * dtype.itemsize
     ids = await asyncio.wrap_future(pool.submit(store.token_ids, manifest.prompt_id))  # zarr: off the loop
     token_ids = np.ascontiguousarray(ids[start:stop], dtype="<i8").tobytes()

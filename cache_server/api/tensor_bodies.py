@@ -15,13 +15,15 @@ from fastapi import Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from cache_server.api.bodies import heads_body, hidden_body
+from cache_server.api.bodies import PostNorm, heads_body, hidden_body
 from cache_server.api.pieces_body import pieces_body
 from cache_server.api.streaming import BlockBuffers, hidden_stream
 from cache_server.capture.target import Target
+from cache_server.errors import InvalidLayers
 from cache_server.store.errors import StoreCorrupt
 from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
+from schemas.hidden import LayerRequest
 from schemas.pieces import ENCODING, MEDIA_TYPE
 
 SAFETENSORS = "application/octet-stream"
@@ -49,23 +51,39 @@ class TensorBodies:
         self._pool.shutdown(wait=True)
 
     def hidden(
-        self, layers: Sequence[int], encoding: Literal["safetensors", "pieces"]
+        self, layers: Sequence[int], encoding: Literal["safetensors", "pieces"], asked: LayerRequest | None = None
     ) -> Callable[[PromptManifest, int, int], Awaitable[tuple[int, Response]]]:
         """What sends rows start:stop of `layers` of a published prompt, concatenated per token in that
-        order (for `HiddenStateService.hidden`, which owns waiting and recovery)."""
+        order (for `HiddenStateService.hidden`, which owns waiting and recovery); the metadata names
+        them as `asked` did. InvalidLayers, before any wait, for a `final_norm=post` it cannot serve."""
+        post_norm = self._post_norm(layers, encoding) if asked is not None and asked.final_norm == "post" else None
 
         async def send(manifest: PromptManifest, start: int, stop: int) -> tuple[int, Response]:
             store, pid = self.store, manifest.prompt_id
             if encoding == ENCODING:
-                pieces = await run_in_threadpool(pieces_body, store, manifest, layers, start, stop)
+                pieces = await run_in_threadpool(pieces_body, store, manifest, layers, start, stop, asked)
                 return pieces.nbytes, _streamed(_parts(pieces.parts), pieces.nbytes, MEDIA_TYPE)
-            if self.stream:
-                stream = await hidden_stream(store, manifest, layers, start, stop, self._pool, self._buffers)
+            if self.stream and post_norm is None:  # a normed body is built whole
+                stream = await hidden_stream(store, manifest, layers, start, stop, self._pool, self._buffers, asked)
                 return stream.nbytes, _streamed(self._guarded(pid, stream.pieces), stream.nbytes)
-            body = await run_in_threadpool(hidden_body, store, manifest, layers, start, stop)
+            body = await run_in_threadpool(hidden_body, store, manifest, layers, start, stop, asked, post_norm)
             return body.buffer.nbytes, Response(body.as_memoryview(), media_type=SAFETENSORS)
 
         return send
+
+    def _post_norm(self, layers: Sequence[int], encoding: str) -> PostNorm:
+        """The target's final norm for its last layer in `layers`, or InvalidLayers saying why not."""
+        last, norm = self.target.info.num_layers - 1, self.target.heads.final_norm
+        if last not in layers:
+            raise InvalidLayers(
+                f"final_norm=post applies to the target's last layer, {last} (0-based decoder outputs), "
+                "which layers does not name"
+            )
+        if norm is None:
+            raise InvalidLayers("final_norm=post: the target's final norm is not an RMSNorm the cache computes")
+        if encoding == ENCODING:
+            raise InvalidLayers("final_norm=post is computed by the server: ask encoding=safetensors, not pieces")
+        return PostNorm(norm, last)
 
     @cached_property
     def heads(self) -> bytes:

@@ -21,8 +21,8 @@ from cache_server.client.errors import ProtocolError, ServerUnreachable, raise_f
 from cache_server.client.pieces import OutMismatch, PiecesCorrupt, check_out, decode_pieces
 from cache_server.client.results import HiddenResult, TargetHeads
 from cache_server.client.waiting import wait_ready
-from schemas.hidden import HIDDEN_TENSOR, TOKEN_IDS_TENSOR, HiddenMetadata
-from schemas.layers import format_layer_list
+from schemas.hidden import HIDDEN_TENSOR, TOKEN_IDS_TENSOR, FinalNormMode, HiddenMetadata
+from schemas.layers import LAYER_CONVENTION, RequestLayerConvention, format_layer_list
 from schemas.model import ModelInfo
 from schemas.pieces import MEDIA_TYPE as PIECES_MEDIA_TYPE
 from schemas.plan import StoragePlan
@@ -203,17 +203,27 @@ class CacheClient:
         *,
         start: int | None = None,
         stop: int | None = None,
-        encoding: Literal["pieces", "safetensors"] = "pieces",
+        encoding: Literal["pieces", "safetensors"] | None = None,
         out: np.ndarray | None = None,
+        layer_convention: RequestLayerConvention = LAYER_CONVENTION,
+        final_norm: FinalNormMode = "raw",
     ) -> HiddenResult:
-        """Hidden states of `layers` (in this order) concatenated per token, with the token ids (numpy).
+        """Hidden states of `layers` (in this order, numbered in `layer_convention`) concatenated per token,
+        with the token ids (numpy).
 
         By default the server sends the stored compressed pieces and they are decoded here, on this
         machine's cores; `encoding="safetensors"` asks for the decoded body. The array is the same.
+        `final_norm="post"` has the server apply the target's final norm to its last layer (which
+        `layers` must name); such a body is always safetensors.
         `out` (C-contiguous, [rows, len(layers) * H], the served dtype) receives the hidden states
         instead of a new array: reusing one saves the page faults of fresh memory on every call."""
         self._check_spread()
+        encoding = encoding or ("safetensors" if final_norm == "post" else "pieces")
         params: dict[str, Any] = {"prompt_id": prompt_id, "layers": format_layer_list(layers), "encoding": encoding}
+        if layer_convention != LAYER_CONVENTION:
+            params["layer_convention"] = layer_convention
+        if final_norm != "raw":
+            params["final_norm"] = final_norm
         if start is not None:
             params["start"] = start
         if stop is not None:

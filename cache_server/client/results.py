@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import ml_dtypes
 import numpy as np
 
 from schemas.hidden import (
@@ -27,13 +26,11 @@ if TYPE_CHECKING:
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
     """`array` as a torch tensor sharing its memory (copied once if it is read-only)."""
-    import torch
+    from cache_server.torch_utils import as_torch  # torch: only when a tensor is asked for
 
     if not array.flags.writeable:
         array = array.copy()  # torch.from_numpy would alias memory it may not write
-    if array.dtype == np.dtype(ml_dtypes.bfloat16):  # torch takes no ml_dtypes array: via its bit pattern
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+    return as_torch(array)
 
 
 @dataclass(frozen=True)

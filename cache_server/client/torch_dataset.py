@@ -15,7 +15,7 @@ Formats (T tokens, k aux layers of width H; the last layer is the target's last 
 - `speculators`: `input_ids` [T] int64, `hidden_states` [T, k*H], `verifier_last_hidden_states` [T, H]
   (raw, before the final norm: its trainer applies the norm), `loss_mask` [T] int64.
 - `specforge-eagle3`: `input_ids` [T], `loss_mask` [T], `hidden_state` [1, T, H] (after the target's
-  final norm, as SpecForge's offline files hold it), `aux_hidden_state` [1, T, k*H].
+  final norm, applied by the server: `final_norm=post`), `aux_hidden_state` [1, T, k*H].
 - `specforge-dflash`: `input_ids` [T], `loss_mask` [T], `hidden_states` [1, T, k*H].
 
 The loss mask is 1 on the response tokens (positions from the prompt's length on), 0 on the prompt.
@@ -41,23 +41,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 from cache_server.client.cache import CacheClient
 from cache_server.client.errors import NotReadyError
 from cache_server.client.results import HiddenResult, as_tensor
-from cache_server.torch_utils import rms_norm
-from schemas.layers import layer_list_problem
+from schemas.hidden import FinalNormMode
+from schemas.layers import RequestLayerConvention, decoder_outputs, layer_list_problem
 
 SampleFormat = Literal["speculators", "specforge-eagle3", "specforge-dflash"]
-LayerConvention = Literal["decoder_output_0based", "hf_index"]
 Sample = dict[str, torch.Tensor]
-_WITH_LAST = ("speculators", "specforge-eagle3")  # formats that carry the last layer beside the aux layers
-
-
-def decoder_outputs(layers: Sequence[int], convention: LayerConvention) -> list[int]:
-    """Layer ids as the cache serves them (0-based decoder outputs) from ids in `convention`: HF's
-    `hidden_states` index i is decoder output i - 1; index 0, the embeddings, is not a decoder output."""
-    if convention == "decoder_output_0based":
-        return list(layers)
-    if any(i < 1 for i in layers):
-        raise ValueError(f"hf_index layer ids count from 1 (0 is the embeddings, not stored), got {list(layers)}")
-    return [i - 1 for i in layers]
 
 
 class HiddenStatesDataset(IterableDataset[Sample]):
@@ -73,7 +61,7 @@ class HiddenStatesDataset(IterableDataset[Sample]):
         format: SampleFormat,
         set_name: str | None = None,
         prompt_ids: Sequence[str] | None = None,
-        layer_convention: LayerConvention = "decoder_output_0based",
+        layer_convention: RequestLayerConvention = "decoder_output_0based",
         rank: int = 0,
         world_size: int = 1,
         seed: int = 0,
@@ -95,9 +83,9 @@ class HiddenStatesDataset(IterableDataset[Sample]):
             if problem is not None:
                 raise ValueError(problem)
             self.prompt_ids = list(prompt_ids) if prompt_ids is not None else _set_ids(client, set_name)
-            self.final_norm = _final_norm(client) if format == "specforge-eagle3" else None
-        self.last = num_layers - 1  # the target's last decoder output: fetched once, even when an aux layer too
-        self.fetched = self.aux + ([self.last] if format in _WITH_LAST and self.last not in self.aux else [])
+        self.last = num_layers - 1  # the target's last decoder output
+        self.requests = _requests(format, self.aux, self.last)
+        self.fetched = [k for layers, _ in self.requests for k in layers]  # the columns of a sample's fetch
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose order the next iteration follows."""
@@ -120,7 +108,7 @@ class HiddenStatesDataset(IterableDataset[Sample]):
         if worker is not None:
             mine = mine[worker.id :: worker.num_workers]
         with CacheClient(self.server, token=self.token) as client, ThreadPoolExecutor(self.prefetch) as pool:
-            ahead: deque[Future[HiddenResult]] = deque()
+            ahead: deque[Future[list[HiddenResult]]] = deque()
             for prompt_id in mine:
                 ahead.append(pool.submit(self.fetch, client, prompt_id))
                 if len(ahead) > self.prefetch:  # at most `prefetch` fetched ahead of the one yielded
@@ -132,12 +120,13 @@ class HiddenStatesDataset(IterableDataset[Sample]):
         """One prompt's sample, fetched now (waiting while it is captured)."""
         return self.sample(self.fetch(client, prompt_id))
 
-    def fetch(self, client: CacheClient, prompt_id: str) -> HiddenResult:
-        """The prompt's layers, waiting while it is captured (503 with Retry-After) up to `wait_s`."""
+    def fetch(self, client: CacheClient, prompt_id: str) -> list[HiddenResult]:
+        """The prompt's layers (one result per request of `requests`), waiting while it is captured (503
+        with Retry-After) up to `wait_s`."""
         deadline = time.monotonic() + self.wait_s
         while True:
             try:
-                return client.hidden(prompt_id, self.fetched)
+                return [client.hidden(prompt_id, layers, final_norm=norm) for layers, norm in self.requests]
             except NotReadyError as e:
                 if e.retry_after_s is None:  # stored bytes no capture can mend: not worth waiting for
                     raise
@@ -145,15 +134,16 @@ class HiddenStatesDataset(IterableDataset[Sample]):
                     raise TimeoutError(f"prompt {prompt_id} was not ready within {self.wait_s} s") from e
                 time.sleep(e.retry_after_s)
 
-    def sample(self, result: HiddenResult) -> Sample:
+    def sample(self, results: list[HiddenResult]) -> Sample:
         """One fetched prompt in this dataset's format."""
-        hidden, token_ids = (as_tensor(a) for a in (result.hidden, result.token_ids))
-        h = result.metadata.hidden_size
+        hidden = torch.cat([as_tensor(r.hidden) for r in results], dim=1)  # [T, len(fetched) * H]
+        first = results[0]
+        token_ids, h = as_tensor(first.token_ids), first.metadata.hidden_size
         aux = hidden[:, : len(self.aux) * h]
-        loss_mask = (torch.arange(len(token_ids)) >= result.metadata.prompt_len).long()
+        loss_mask = (torch.arange(len(token_ids)) >= first.metadata.prompt_len).long()
         if self.format == "specforge-dflash":
             return {"input_ids": token_ids, "loss_mask": loss_mask, "hidden_states": aux[None]}
-        at = self.fetched.index(self.last)  # the formats below fetched it
+        at = len(self.fetched) - 1 - self.fetched[::-1].index(self.last)  # the last copy: normed if asked
         last = hidden[:, at * h : (at + 1) * h]
         if self.format == "speculators":
             return {
@@ -162,16 +152,23 @@ class HiddenStatesDataset(IterableDataset[Sample]):
                 "verifier_last_hidden_states": last,
                 "loss_mask": loss_mask,
             }
-        if self.final_norm is None:  # built for this format in __init__
-            raise RuntimeError("a specforge-eagle3 dataset without the target's final norm")
-        weight, eps, zero_centered = self.final_norm
-        normed = rms_norm(last, weight, eps, zero_centered)
         return {
             "input_ids": token_ids,
             "loss_mask": loss_mask,
-            "hidden_state": normed[None],
+            "hidden_state": last[None],
             "aux_hidden_state": aux[None],
         }
+
+
+def _requests(format: SampleFormat, aux: list[int], last: int) -> list[tuple[list[int], FinalNormMode]]:
+    """The `/hidden` requests of one sample: the aux layers, and the last layer raw (speculators: its
+    trainer norms it) or after the final norm (SpecForge EAGLE-3); a raw last layer that is an aux layer
+    too is fetched once, a normed one apart."""
+    if format == "specforge-dflash":
+        return [(aux, "raw")]
+    if format == "speculators":
+        return [(aux if last in aux else [*aux, last], "raw")]
+    return [([*aux, last], "post")] if last not in aux else [(aux, "raw"), ([last], "post")]
 
 
 def _set_ids(client: CacheClient, set_name: str | None) -> list[str]:
@@ -180,11 +177,3 @@ def _set_ids(client: CacheClient, set_name: str | None) -> list[str]:
     if not ids:
         raise ValueError(f"prompt set {set_name!r} has no prompts")
     return ids
-
-
-def _final_norm(client: CacheClient) -> tuple[torch.Tensor, float, bool]:
-    """The target's final RMSNorm as the server serves it (ValueError when it serves none)."""
-    heads = client.heads()
-    if heads.final_norm is None or heads.final_norm_eps is None:
-        raise ValueError("specforge-eagle3 needs the target's final norm, and this server serves none")
-    return as_tensor(heads.final_norm).clone(), heads.final_norm_eps, heads.final_norm_zero_centered

@@ -35,7 +35,13 @@ from cache_server.store.hidden_store import HiddenStore
 from cache_server.store.manifest import PromptManifest
 from cache_server.store.read_only import is_read_only
 from cache_server.store.usage import CodecRatio, free_bytes
-from schemas.layers import layer_list_problem, parse_layer_list
+from schemas.layers import (
+    LAYER_CONVENTION,
+    RequestLayerConvention,
+    decoder_outputs,
+    layer_list_problem,
+    parse_layer_list,
+)
 from schemas.model import ModelInfo
 from schemas.plan import StoragePlan
 from schemas.prompts import GenerateSpec, PromptSpec, RegisteredPrompt
@@ -210,15 +216,18 @@ class HiddenStateService:
 
     # -- layers ---------------------------------------------------------------------------------
 
-    def layer_ids(self, text: str) -> list[int]:
-        """A `layers=` parameter as distinct layer ids of the target; InvalidLayers naming the valid range."""
+    def layer_ids(self, text: str, convention: RequestLayerConvention = LAYER_CONVENTION) -> list[int]:
+        """A `layers=` parameter (in `convention`) as distinct layer ids of the target; InvalidLayers naming
+        the valid range."""
+        n = self.target.info.num_layers
+        in_hf = f" (hf_index: decoder output + 1, so 1..{n})" if convention == "hf_index" else ""
         try:
-            layers = parse_layer_list(text)
+            layers = decoder_outputs(parse_layer_list(text), convention)
         except ValueError as e:
-            raise InvalidLayers(f"{e}; valid layer ids are 0..{self.target.info.num_layers - 1}") from None
-        problem = layer_list_problem(layers, self.target.info.num_layers) or uncapturable(layers, self.target.capturer)
+            raise InvalidLayers(f"{e}; valid layer ids are 0..{n - 1}{in_hf}") from None
+        problem = layer_list_problem(layers, n) or uncapturable(layers, self.target.capturer)
         if problem is not None:
-            raise InvalidLayers(problem)
+            raise InvalidLayers(problem + in_hf)
         return layers
 
     async def ensure(self, prompt_id: str, layers: Sequence[int]) -> PromptManifest:

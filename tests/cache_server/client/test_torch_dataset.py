@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
-from cache_server.client.torch_dataset import HiddenStatesDataset, decoder_outputs
+from cache_server.client.torch_dataset import HiddenStatesDataset
+from schemas.layers import decoder_outputs
 from testing.servers import running_server
 from testing.taps import target_forward
 
