@@ -7,5 +7,6 @@ and walks) and the one table of families; `worker/` runs jobs, `parity/` holds a
 rounds against the offline ones, `prompt_files/` registers benchmark sets. `cli.py` parses
 `eval-worker` commands from `settings.py` (shared option groups: `cli_options.py`) and runs them
 (`commands.py`, and `checkpoint_commands.py` for one checkpoint against a server); `errors.py` and
-`exit_codes.py` are how a run stops. Nothing here imports the server side of `cache_server`.
+`exit_codes.py` are how a run stops; `export.py` writes a set's hidden states as SpecForge's offline
+training files. Nothing here imports the server side of `cache_server`.
 """

@@ -1,4 +1,4 @@
-"""`eval-worker evaluate | parity | doctor | inspect | serve | submit | watch | compare | prompts add`.
+"""`eval-worker evaluate | parity | doctor | inspect | serve | submit | watch | compare | prompts add | export`.
 
 Settings-backed options are generated from the models in `settings.py` (so each is also an
 EVAL_WORKER_ variable); the rest are this command line's own. Exit codes: `exit_codes.ExitCode`.
@@ -16,7 +16,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from eval_worker import checkpoint_commands, commands
-from eval_worker.cli_options import FamilyFlags, command, config_args, eval_spec, job_options, sampling_options
+from eval_worker.cli_options import (
+    FamilyFlags,
+    command,
+    config_args,
+    eval_spec,
+    export_options,
+    job_options,
+    sampling_options,
+)
 from eval_worker.exit_codes import ExitCode, exit_codes_line
 from eval_worker.parity.options import add_parity_options
 from eval_worker.settings import (
@@ -42,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     _job_commands(sub)
     _prompts_command(sub)
     _compare_command(sub)
+    _export_command(sub)
     return p
 
 
@@ -205,6 +214,29 @@ def _compare_command(sub: Any) -> None:
     )
     cmp_.add_argument("reports", type=Path, nargs="*", help="EvalReport JSON files")
     cmp_.add_argument("--plot", type=Path, help="write a PNG of tau vs step and the acceptance curve (needs [plot])")
+
+
+def _export_command(sub: Any) -> None:
+    """`export`: a set's hidden states as a peer trainer's offline files."""
+    exp = command(
+        sub,
+        "export",
+        "write a prompt set's hidden states as SpecForge's offline training files (.ckpt), resumably",
+        _export,
+        ConnectionSettings,
+        positional=None,
+    )
+    exp.add_argument("out", type=Path, help="the directory for SpecForge's data.hidden_states_path (a rerun resumes)")
+    export_options(exp)
+
+
+def _export(args: argparse.Namespace, settings: ConnectionSettings) -> int:
+    """Export the set into OUT, skipping the files already there, and print what was done."""
+    from eval_worker.export import ExportRequest, export
+
+    request = ExportRequest(args.out, args.format, args.set_name, args.layers, args.layer_convention)
+    print(f"export: {export(request, settings).line()}")
+    return ExitCode.ok
 
 
 def _check_spec(args: argparse.Namespace) -> None:

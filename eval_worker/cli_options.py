@@ -20,11 +20,13 @@ from schemas.eval_spec import (
     FamilyOptions,
     families_reading,
 )
-from schemas.layers import CheckpointLayerConvention, parse_layer_list
+from schemas.layers import CheckpointLayerConvention, RequestLayerConvention, parse_layer_list
 from schemas.sampling import DRAFT_SAMPLING
 from schemas.trees import EagleTreeShape
 
 Command = Callable[[argparse.Namespace, Any], int]
+# `export`'s formats (`eval_worker.export.ExportFormat`, in a module that imports torch: named here for --help)
+EXPORT_FORMATS = ("specforge-eagle3", "specforge-dflash")
 S = TypeVar("S", bound=BaseSettings)
 # The flags that fill a family's options block, by the field of the block each sets.
 FAMILY_FLAGS = {
@@ -122,7 +124,8 @@ def eval_spec(
     )
 
 
-def _int_list(text: str) -> list[int]:
+def layer_ids(text: str) -> list[int]:
+    """`--...-layer-ids 1,16,31` as a list (argparse's error for anything else)."""
     try:
         return parse_layer_list(text, "layer ids")
     except ValueError as e:
@@ -180,7 +183,7 @@ def job_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--target-layer-ids",
-        type=_int_list,
+        type=layer_ids,
         help="layer ids (decoder outputs, 0-based) for a checkpoint that names none",
     )
     p.add_argument(
@@ -192,6 +195,32 @@ def job_options(p: argparse.ArgumentParser) -> None:
         "(drafts every anchor of the response)",
     )
     config_args(p)
+
+
+def export_options(p: argparse.ArgumentParser) -> None:
+    """What `export` writes: the format, the set, the layers and how they are numbered."""
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=EXPORT_FORMATS,
+        help="specforge-eagle3: input_ids, loss_mask, hidden_state (the last layer after the final norm), "
+        "aux_hidden_state; specforge-dflash: input_ids, loss_mask, hidden_states",
+    )
+    p.add_argument("--set", dest="set_name", required=True, help="the prompt set to export, in the server's order")
+    p.add_argument(
+        "--layers",
+        type=layer_ids,
+        required=True,
+        help="aux layer ids, comma-separated, concatenated in this order (EAGLE-3: exactly 3; as the draft "
+        "config's eagle_aux_hidden_state_layer_ids or dflash_config.target_layer_ids)",
+    )
+    p.add_argument(
+        "--layer-convention",
+        choices=get_args(RequestLayerConvention),
+        default="decoder_output_0based",
+        help="decoder_output_0based (default; SpecForge's own numbering): output of decoder layer i; "
+        "hf_index: Hugging Face hidden_states index (i - 1 in the default's)",
+    )
 
 
 def sampling_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from schemas.layers import LAYER_CONVENTION, RequestLayerConvention, format_layer_list, parse_layer_list
+from schemas.loss_mask import mask_of, parse_spans, served_spans
+
+if TYPE_CHECKING:
+    import numpy as np
 from schemas.sampling import SamplingParams
 
 HIDDEN_TENSOR = "hidden"
@@ -55,6 +59,12 @@ class HiddenMetadata(BaseModel):
     sampling: str | None = None  # how it was sampled from the target: `SamplingParams` as JSON (None: greedy)
     outside_support: int | None = None  # a sampled response's tokens outside the support of its setting
     final_norm: FinalNormMode | None = None  # "post": the last layer's columns are after the final norm
+    loss_spans: str | None = None  # the tokens trained on (`schemas.loss_mask.format_spans`); None: the response
+
+    def loss_mask(self) -> np.ndarray:
+        """The body's rows of the prompt's loss mask, int64 0/1 (the response tokens unless it says other)."""
+        spans = parse_spans(self.loss_spans) if self.loss_spans is not None else None
+        return mask_of(served_spans(spans, self.prompt_len, max(self.stop, self.prompt_len)), self.start, self.stop)
 
     @property
     def sampling_params(self) -> SamplingParams | None:

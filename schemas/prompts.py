@@ -119,6 +119,13 @@ class PromptSpec(BaseModel):
         description='with response_token_ids: what made that response, e.g. {"kind": "engine", "url", "model", '
         '"version"} for a serving engine\'s output path (None: "given")',
     )
+    loss_mask: list[Annotated[StrictInt, Field(ge=0, le=1)]] | Literal["assistant_turns", "last_turn"] | None = Field(
+        default=None,
+        description="which tokens a drafter trains on: 0/1 per token of prompt and given response; "
+        '"assistant_turns" (the default for messages): every assistant turn and the response; '
+        '"last_turn": the response, or the last assistant turn of a finished chat; '
+        "None: for messages assistant_turns, else the response",
+    )
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> PromptSpec:
@@ -131,6 +138,10 @@ class PromptSpec(BaseModel):
             raise ValueError("enable_thinking is passed to the chat template: it needs messages")
         if len(set(self.sets)) != len(self.sets):
             raise ValueError(f"sets must be distinct, got {self.sets}")
+        if isinstance(self.loss_mask, str) and self.messages is None:
+            raise ValueError(f"loss_mask {self.loss_mask!r} reads a chat's turns: it needs messages")
+        if self.messages is not None and self.messages[-1].role == "assistant" and self.response_token_ids is not None:
+            raise ValueError("a chat that ends with an assistant turn is finished: it takes no response_token_ids")
         if (self.sampling is not None or self.generator is not None) and self.response_token_ids is None:
             raise ValueError(
                 "sampling and generator declare how a given response was made: they need response_token_ids"
@@ -228,6 +239,11 @@ class PromptState(BaseModel):
         default=None,
         description="sampled responses: tokens the target gives zero probability under the declared "
         "top-k/top-p/min-p at the capture forward (0: all in its support)",
+    )
+    loss_spans: list[tuple[int, int]] | None = Field(
+        default=None,
+        description="the [start, stop) token ranges a drafter trains on (a response still to be generated is "
+        "trained on too); None: the response tokens",
     )
     error: str | None = None
 

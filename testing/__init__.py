@@ -8,7 +8,8 @@ they are checked against. Not installed with the package; run from the repositor
   between the wire and torch (`tensors.py`).
 - Drafters and checkpoints: the tiny DFlash trainer (`tiny_trainer.py`), EAGLE-3 drafters
   (`eagle3.py`), checkpoint writers (`checkpoints.py`), the peers' own writers run in their virtual
-  environment (`peer_checkpoints.py`, driven by `peers.py`), tiny DeepSeek-V3, Qwen3-Next and Qwen3.5
+  environment (`peer_checkpoints.py`, driven by `peers.py`), and SpecForge's own offline reader and
+  DFlash training step over exported `.ckpt` files (`peer_specforge.py`), tiny DeepSeek-V3, Qwen3-Next and Qwen3.5
   targets carrying MTP heads under their published names (`mtp_targets.py`), an MTP head fine-tuned on
   cached states and saved as an MTP-only checkpoint (`mtp_trainer.py`).
 - Servers: `cache-server serve` and bench servers (`servers.py`), several on one store (`fleet.py`),

@@ -23,6 +23,7 @@ from schemas.hidden import (
     HiddenMetadata,
     LayerRequest,
 )
+from schemas.loss_mask import format_spans
 from schemas.safetensors_frame import FramedBody, TensorSpec, frame, numpy_dtype
 from schemas.storage import describe_storage
 
@@ -49,6 +50,7 @@ def hidden_metadata(
         sampling=manifest.sampling.model_dump_json() if manifest.sampling is not None else None,
         outside_support=manifest.outside_support,
         final_norm="post" if asked is not None and asked.final_norm == "post" else None,
+        loss_spans=format_spans(manifest.loss_spans) if manifest.loss_spans is not None else None,
     )
 
 

@@ -1,6 +1,7 @@
-"""The target's tokenizer side: prompts to token ids (text, chat messages through the chat template,
-or ids as given), token ids back to text, and what the model's config bounds (vocabulary, context,
-the ids a response ends after). Built from the model directory's files alone, no weights."""
+"""The target's tokenizer side: prompts to token ids (text, chat messages through the chat template, or
+ids as given) and where a chat's assistant turns lie in them, token ids back to text, and what the
+model's config bounds (vocabulary, context, the ids a response ends after). Built from the model
+directory's files alone, no weights."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from cache_server.errors import InvalidPrompt
-from schemas.prompts import PromptSpec
+from schemas.loss_mask import Spans
+from schemas.prompts import ChatMessage, PromptSpec
 
 
 def stop_token_ids(model_dir: Path) -> list[int]:
@@ -45,11 +47,7 @@ class PromptTokenizer:
         if spec.token_ids is not None:
             ids = list(spec.token_ids)
         elif spec.messages is not None:
-            if any(m.content is None for m in spec.messages):
-                raise InvalidPrompt("a response_of message must be filled in before the prompt is rendered")
-            ids = self._apply_chat_template(
-                [{"role": m.role, "content": m.content or ""} for m in spec.messages], spec.enable_thinking
-            )
+            ids = self._render(_chat(spec.messages), spec.enable_thinking)
         else:
             ids = list(self.tokenizer(spec.text).input_ids)
         if not ids:
@@ -69,12 +67,37 @@ class PromptTokenizer:
         template = getattr(self.tokenizer, "chat_template", None)
         return hashlib.sha256(template.encode()).hexdigest() if isinstance(template, str) and template else None
 
-    def _apply_chat_template(self, messages: list[dict[str, str]], enable_thinking: bool | None) -> list[int]:
+    def assistant_turns(self, spec: PromptSpec, prompt_ids: Sequence[int]) -> Spans:
+        """The token ranges of a chat's assistant turns in its rendered `prompt_ids`, each from where the
+        generation prompt ends to the end of the turn (its end-of-turn tokens included), as speculators
+        bounds them: `messages[:j]` rendered with the generation prompt against `messages[:j + 1]` without.
+        A leading assistant turn has no prompt before it and is context. InvalidPrompt when the template
+        renders a turn differently inside the whole chat (it rewrites history): no boundary is exact."""
+        messages, turns = _chat(spec.messages or []), []
+        for j in range(1, len(messages)):
+            if messages[j]["role"] != "assistant":
+                continue
+            before = self._render(messages[:j], spec.enable_thinking)
+            through = self._render(messages[: j + 1], spec.enable_thinking)
+            if through[: len(before)] != before or list(prompt_ids[: len(through)]) != through:
+                raise InvalidPrompt(
+                    f"the chat template renders assistant turn {j} differently within the whole chat, so its "
+                    "tokens have no exact boundary: give loss_mask as 0/1 per token"
+                )
+            turns.append((len(before), len(through)))
+        return tuple(turns)
+
+    def _render(self, messages: list[dict[str, str]], enable_thinking: bool | None) -> list[int]:
+        """A chat's token ids: a finished one (its last turn the assistant's) as it stands, as the peers
+        render training data; otherwise with the generation prompt, ready for the target's answer."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise InvalidPrompt("the target's tokenizer has no chat template: send the prompt as text or token_ids")
         extra: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        finished = messages[-1]["role"] == "assistant"
         try:
-            out: Any = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
+            out: Any = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=not finished, tokenize=True, **extra
+            )
         except Exception as e:  # jinja errors raised by the template itself (e.g. raise_exception)
             raise InvalidPrompt(f"the target's chat template refused these messages: {e}") from None
         return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
@@ -92,3 +115,10 @@ class PromptTokenizer:
                 f"prompt plus response would be {total_tokens} tokens, beyond the model's context of "
                 f"{self.max_position_embeddings}"
             )
+
+
+def _chat(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as a chat template takes them (every `response_of` filled in before)."""
+    if any(m.content is None for m in messages):
+        raise InvalidPrompt("a response_of message must be filled in before the prompt is rendered")
+    return [{"role": m.role, "content": m.content or ""} for m in messages]

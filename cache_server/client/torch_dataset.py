@@ -18,7 +18,8 @@ Formats (T tokens, k aux layers of width H; the last layer is the target's last 
   final norm, applied by the server: `final_norm=post`), `aux_hidden_state` [1, T, k*H].
 - `specforge-dflash`: `input_ids` [T], `loss_mask` [T], `hidden_states` [1, T, k*H].
 
-The loss mask is 1 on the response tokens (positions from the prompt's length on), 0 on the prompt.
+The loss mask is the one stored with the prompt: its response tokens by default, a chat's assistant
+turns, or what its registration gave (`loss_mask` in the prompt spec).
 Every rank sees the same order of an epoch (shuffled with `seed + epoch`) and takes every
 `world_size`-th prompt from its `rank`; DataLoader workers split a rank's share the same way. A prompt
 still being captured is waited for (the server captures a cold prompt's missing layers on demand).
@@ -136,11 +137,12 @@ class HiddenStatesDataset(IterableDataset[Sample]):
 
     def sample(self, results: list[HiddenResult]) -> Sample:
         """One fetched prompt in this dataset's format."""
-        hidden = torch.cat([as_tensor(r.hidden) for r in results], dim=1)  # [T, len(fetched) * H]
+        parts = [as_tensor(r.hidden) for r in results]
+        hidden = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # [T, len(fetched) * H]
         first = results[0]
         token_ids, h = as_tensor(first.token_ids), first.metadata.hidden_size
         aux = hidden[:, : len(self.aux) * h]
-        loss_mask = (torch.arange(len(token_ids)) >= first.metadata.prompt_len).long()
+        loss_mask = torch.from_numpy(first.metadata.loss_mask())  # as stored with the prompt
         if self.format == "specforge-dflash":
             return {"input_ids": token_ids, "loss_mask": loss_mask, "hidden_states": aux[None]}
         at = len(self.fetched) - 1 - self.fetched[::-1].index(self.last)  # the last copy: normed if asked

@@ -13,6 +13,7 @@ from cache_server.compute.sets import SetRegistry
 from cache_server.coordination.captures import CaptureQueue, CaptureState
 from cache_server.errors import PromptNotFound, UnknownSets
 from cache_server.store.hidden_store import HiddenStore
+from schemas.loss_mask import Spans
 from schemas.prompts import PromptPage, PromptState, PromptStatus, SetCounts, SetList
 from schemas.sampling import GREEDY
 
@@ -76,6 +77,7 @@ class PromptStates:
             generator=manifest.generator if manifest else None,
             sampling=reg.sampling,
             outside_support=manifest.outside_support if manifest else None,
+            loss_spans=_listed(manifest.loss_spans if manifest else reg.stored_loss_spans(num_tokens)),
             error=capture.error if capture is not None and capture.status == "failed" else None,
         )
 
@@ -163,3 +165,7 @@ class PromptStates:
         if reg is None:
             raise PromptNotFound(f"no prompt {prompt_id!r} is registered for target {self.store.fingerprint}")
         return reg
+
+
+def _listed(spans: Spans | None) -> list[tuple[int, int]] | None:
+    return list(spans) if spans is not None else None

@@ -17,6 +17,7 @@ from sqlalchemy import select
 
 from cache_server.coordination.database import Database, max_seq, rows_after
 from cache_server.coordination.tables import REGISTRATIONS
+from schemas.loss_mask import Spans, joined
 from schemas.prompts import GeneratorInfo
 from schemas.sampling import SamplingParams
 
@@ -35,11 +36,26 @@ class Registration(BaseModel):
     # How the response is (or, given, was) sampled from the target, with this sample's seed; None: greedy.
     sampling: SamplingParams | None = None
     generator: GeneratorInfo | None = None  # what made a given response, when declared (None: "given")
+    # The tokens trained on, over the prompt and a given response (a generated response is trained on
+    # whole, beyond these); None: the response alone, the default, which keeps the prompt's id as before.
+    loss_spans: Spans | None = None
 
     @property
     def prompt_len(self) -> int:
         """Tokens in the prompt."""
         return len(self.prompt_ids)
+
+    @property
+    def generates(self) -> bool:
+        """Whether the target generates the response."""
+        return self.response_ids is None and self.max_new_tokens is not None
+
+    def stored_loss_spans(self, num_tokens: int | None) -> Spans | None:
+        """The trained-on ranges its manifest keeps once `num_tokens` are known (None: the default); before
+        a response is generated, the prompt's alone."""
+        if self.loss_spans is None or not self.generates or num_tokens is None:
+            return self.loss_spans
+        return joined(self.loss_spans, ((self.prompt_len, num_tokens),))
 
 
 def prompt_id_for(
@@ -47,15 +63,19 @@ def prompt_id_for(
     response_ids: tuple[int, ...] | None,
     max_new_tokens: int | None,
     sampling: SamplingParams | None = None,
+    loss_spans: Spans | None = None,
 ) -> str:
     """Same tokens (and the same response request) -> the same id, on any server. A sampled response's
-    setting and seed are part of its id (so T = 0 and T = 0.6 versions of one prompt never collide); a
-    greedy one's id is what it was before sampling existed."""
+    setting and seed are part of its id (so T = 0 and T = 0.6 versions of one prompt never collide), and
+    so is a loss mask other than the default; a greedy, default-masked one's id is what it was before
+    either existed."""
     if response_ids is not None:
         max_new_tokens = None  # a given response makes generation settings irrelevant
     fields: dict[str, object] = {"prompt": prompt_ids, "response": response_ids, "generate": max_new_tokens}
     if sampling is not None:
         fields["sampling"] = sampling.model_dump(mode="json")
+    if loss_spans is not None:
+        fields["loss_spans"] = loss_spans
     return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:24]
 
 

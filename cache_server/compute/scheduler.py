@@ -265,6 +265,7 @@ class Scheduler:
                 generator=task.generator,
                 sampling=task.reg.sampling,
                 capture=self.target.info.capture,
+                loss_spans=task.reg.stored_loss_spans(len(seq)),
             )
         except Exception as e:  # a full disk fails this prompt alone, as storage_exceeded
             self._fail(task.reg.prompt_id, store_write_error(e))

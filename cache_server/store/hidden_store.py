@@ -38,6 +38,7 @@ from cache_server.store.stored_rows import StoredRows
 from cache_server.torch_utils import dtype_name
 from schemas.dtypes import DTYPE_NAMES
 from schemas.layers import LAYER_CONVENTION
+from schemas.loss_mask import Spans
 from schemas.prompts import CaptureInfo, GeneratorInfo
 from schemas.safetensors_frame import numpy_dtype
 from schemas.sampling import SamplingParams
@@ -164,7 +165,8 @@ class HiddenStore:
             raise StoreCorrupt(f"prompt {prompt_id!r}: token ids do not match the manifest's hash")
         return ids
 
-    def write(
+    # the prompt's tokens and layers, then what its manifest says of them, by keyword
+    def write(  # noqa: PLR0913
         self,
         prompt_id: str,
         token_ids: np.ndarray,
@@ -176,9 +178,11 @@ class HiddenStore:
         sampling: SamplingParams | None = None,
         outside_support: int | None = None,
         capture: CaptureInfo | None = None,
+        loss_spans: Spans | None = None,
     ) -> PromptManifest:
         """Publish `layers` ({k: [T, H] CPU tensor}); on a published prompt, add the ones it lacks (its
-        manifest keeps the first write's response checks, `generator`, `sampling` and `capture`)."""
+        manifest keeps the first write's response checks, `generator`, `sampling`, `capture` and
+        `loss_spans`)."""
         check_name(prompt_id, "prompt id")
         ids = publish.check_tokens(token_ids, prompt_len)
         data, scales = publish.stored_layers(layers, (len(ids), self.hidden_size), self.dtype, self.storage)
@@ -207,7 +211,14 @@ class HiddenStore:
                 if old is not None
                 else first_manifest(
                     prompt_id, ids, prompt_len, crc32, scale_crc32, greedy_mismatches, generator, **self._identity
-                ).model_copy(update={"sampling": sampling, "outside_support": outside_support, "capture": by_engine})
+                ).model_copy(
+                    update={
+                        "sampling": sampling,
+                        "outside_support": outside_support,
+                        "capture": by_engine,
+                        "loss_spans": _checked_spans(loss_spans, len(ids)),
+                    }
+                )
             )
             publish_it = partial(self._publish, m, new=old is None)
             return publish.published_or_discarded(self.blobs, base, crc32, scale_crc32, publish_it)
@@ -296,3 +307,17 @@ class HiddenStore:
             lock = self._prompt_locks.setdefault(prompt_id, threading.Lock())
         with lock:
             yield
+
+
+def _checked_spans(spans: Spans | None, num_tokens: int) -> Spans | None:
+    """`spans` if they are sorted, disjoint ranges inside the prompt's tokens (else StoreInputError)."""
+    if spans is None:
+        return None
+    flat = [i for span in spans for i in span]
+    if (
+        flat != sorted(flat)
+        or any(lo >= hi for lo, hi in spans)
+        or (flat and not 0 <= flat[0] <= flat[-1] <= num_tokens)
+    ):
+        raise StoreInputError(f"loss spans {list(spans)} are not sorted, disjoint ranges within {num_tokens} tokens")
+    return spans

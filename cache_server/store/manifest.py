@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from cache_server.store.errors import StoreCorrupt, StoreInputError
 from schemas.dtypes import DTypeName
 from schemas.layers import LAYER_CONVENTION, LayerConvention
+from schemas.loss_mask import Spans
 from schemas.prompts import CaptureInfo, GeneratorInfo
 from schemas.sampling import SamplingParams
 from schemas.storage import StorageName
@@ -46,6 +47,8 @@ class PromptManifest(BaseModel):
     sampling: SamplingParams | None = None
     outside_support: int | None = None
     capture: CaptureInfo | None = None  # how an engine computed the states (None: the server's forward, hf)
+    # The token ranges a drafter trains on (`schemas.loss_mask`); None: the response tokens, the default.
+    loss_spans: Spans | None = None
     # zlib.crc32 of each layer's zarr.json, which holds the crc32 of each of its chunks: readers
     # check both, so a layer overwritten after publishing is an error, never served (None: a prompt
     # published before checksums).
@@ -62,6 +65,8 @@ class PromptManifest(BaseModel):
             left_out |= {"sampling", "outside_support"}
         if self.capture is None:  # and an hf capture's as servers from before engine captures
             left_out.add("capture")
+        if self.loss_spans is None:  # and a default-masked one's as servers from before loss masks
+            left_out.add("loss_spans")
         return self.model_dump(mode="json", exclude=left_out or None)
 
 
