@@ -9,7 +9,9 @@ they are checked against. Not installed with the package; run from the repositor
 - Drafters and checkpoints: the tiny DFlash trainer (`tiny_trainer.py`), EAGLE-3 drafters
   (`eagle3.py`), checkpoint writers (`checkpoints.py`), the peers' own writers run in their virtual
   environment (`peer_checkpoints.py`, driven by `peers.py`), and SpecForge's own offline reader and
-  DFlash training step over exported `.ckpt` files (`peer_specforge.py`), tiny DeepSeek-V3, Qwen3-Next and Qwen3.5
+  DFlash training step over exported `.ckpt` files (`peer_specforge.py`), speculators' EAGLE-3 training
+  fed from its offline files and from the cache (`peer_training.py`), both peers' loss masks of a chat
+  (`peer_masks.py`), tiny DeepSeek-V3, Qwen3-Next and Qwen3.5
   targets carrying MTP heads under their published names (`mtp_targets.py`), an MTP head fine-tuned on
   cached states and saved as an MTP-only checkpoint (`mtp_trainer.py`).
 - Servers: `cache-server serve` and bench servers (`servers.py`), several on one store (`fleet.py`),

@@ -7,7 +7,7 @@ the worker protocol, waiting for prompts to be ready (`waiting.py`); large bodie
 (`body_reader.py`), pieces decoded on the client's
 cores (`pieces.py`); results are numpy arrays with `.to_torch()` (`results.py`); errors are the tree
 in `errors.py`. Its torch side, imported only by name: training samples in the peers' schemas
-(`torch_dataset.py`).
+(`torch_dataset.py`), and speculators' map-style training dataset over the cache (`speculators_dataset.py`).
 """
 
 from cache_server.client.cache import CacheClient
