@@ -8,9 +8,7 @@ import json
 import logging
 import os
 import re
-from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -102,13 +100,14 @@ def export(request: ExportRequest, settings: ConnectionSettings) -> ExportSummar
             layer_convention=request.layer_convention,
             token=settings.token,
             wait_s=settings.timeout_s,
+            prefetch=request.prefetch,
         )
         fingerprint = client.model().fingerprint
         manifest = Manifest(request.format, request.set_name, dataset.aux, fingerprint, dataset.prompt_ids)
         names = _claim(out, manifest)
         todo = [(out / n, p) for n, p in zip(names, manifest.prompt_ids, strict=True) if not (out / n).exists()]
         written, size, left_out = 0, 0, []
-        samples = _fetched_ahead(dataset, client, [p for _, p in todo], request.prefetch)
+        samples = dataset.samples_of(client, [p for _, p in todo])
         for (path, prompt_id), sample in zip(todo, samples, strict=True):
             if request.format == "specforge-dflash" and not adjacent_supervised(sample["loss_mask"]):
                 left_out.append(prompt_id)
@@ -186,24 +185,6 @@ def _same_export(old: Manifest, new: Manifest, out: Path) -> None:
             f"set {new.set_name!r} changed since {out} was written ({len(old.prompt_ids)} prompts then, "
             f"{len(new.prompt_ids)} now; {where}): export into another directory"
         )
-
-
-def _fetched_ahead(
-    dataset: HiddenStatesDataset, client: CacheClient, prompt_ids: Sequence[str], ahead: int
-) -> Iterator[Sample]:
-    """Each prompt's sample in order, at most `ahead` fetched beyond the one handed out."""
-    with ThreadPoolExecutor(max(1, ahead)) as pool:
-        pending: deque[Future[Sample]] = deque()
-        try:
-            for prompt_id in prompt_ids:
-                pending.append(pool.submit(dataset.sample_of, client, prompt_id))
-                if len(pending) > ahead:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:  # stopped early (an error): fetch no more than what is running
-            for future in pending:
-                future.cancel()
 
 
 def adjacent_supervised(loss_mask: torch.Tensor) -> bool:

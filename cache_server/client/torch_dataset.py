@@ -108,14 +108,23 @@ class HiddenStatesDataset(IterableDataset[Sample]):
         worker = get_worker_info()
         if worker is not None:
             mine = mine[worker.id :: worker.num_workers]
-        with CacheClient(self.server, token=self.token) as client, ThreadPoolExecutor(self.prefetch) as pool:
+        with CacheClient(self.server, token=self.token) as client:
+            yield from self.samples_of(client, mine)
+
+    def samples_of(self, client: CacheClient, prompt_ids: Sequence[str]) -> Iterator[Sample]:
+        """Each prompt's sample in order, at most `prefetch` fetched ahead of the one handed out."""
+        with ThreadPoolExecutor(max(1, self.prefetch)) as pool:
             ahead: deque[Future[list[HiddenResult]]] = deque()
-            for prompt_id in mine:
-                ahead.append(pool.submit(self.fetch, client, prompt_id))
-                if len(ahead) > self.prefetch:  # at most `prefetch` fetched ahead of the one yielded
+            try:
+                for prompt_id in prompt_ids:
+                    ahead.append(pool.submit(self.fetch, client, prompt_id))
+                    if len(ahead) > self.prefetch:
+                        yield self.sample(ahead.popleft().result())
+                while ahead:
                     yield self.sample(ahead.popleft().result())
-            while ahead:
-                yield self.sample(ahead.popleft().result())
+            finally:  # stopped early (an error, or the consumer left): fetch no more than what is running
+                for future in ahead:
+                    future.cancel()
 
     def sample_of(self, client: CacheClient, prompt_id: str) -> Sample:
         """One prompt's sample, fetched now (waiting while it is captured)."""
