@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
@@ -165,12 +165,15 @@ def _job_commands(sub: Any) -> None:
 
 
 def _prompts_command(sub: Any) -> None:
-    """`prompts add`: dataset files registered as prompt sets."""
+    """`prompts add`: dataset files registered as prompt sets (their prompts, or with --whole-chats their
+    chats as finished conversations for training)."""
+    from eval_worker.prompt_files.register import DEFAULT_MAX_NEW_TOKENS, LossMaskName
+
     prompts = sub.add_parser("prompts", help="register benchmark prompt sets from dataset files")
     add = command(
         prompts.add_subparsers(dest="prompts_command", required=True),
         "add",
-        "register the prompts of dataset files as one set",
+        "register the prompts of dataset files as one set (with --whole-chats: their chats, finished, to train on)",
         commands.prompts_add,
         ConnectionSettings,
         positional=None,
@@ -197,7 +200,20 @@ def _prompts_command(sub: Any) -> None:
         help="passed to the chat template",
     )
     thinking.add_argument("--disable-thinking", dest="enable_thinking", action="store_false")
-    add.add_argument("--max-new-tokens", type=int, default=2048, help="response length (2048)")
+    add.add_argument(
+        "--whole-chats",
+        action="store_true",
+        help="register each chat row (conversations / messages) whole, as a finished conversation to train on: "
+        "trailing non-assistant messages dropped, nothing generated (not with --suffix, --no-chat-template, "
+        "--max-new-tokens or the sampling options)",
+    )
+    add.add_argument(
+        "--loss-mask",
+        choices=get_args(LossMaskName),
+        help="with --whole-chats: the tokens trained on, every assistant turn (assistant_turns, the default) "
+        "or the last one (last_turn)",
+    )
+    add.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="response length (2048)")
     sampling_options(add)
     add.add_argument("--limit", type=int, help="register at most N prompts (after --shuffle-seed)")
     add.add_argument("--shuffle-seed", type=int, help="shuffle the rows with this seed first")

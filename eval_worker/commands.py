@@ -251,6 +251,8 @@ def prompts_add(args: argparse.Namespace, settings: ConnectionSettings) -> int:
         shuffle_seed=args.shuffle_seed,
         suffix=args.suffix,
         skip_bad=args.skip_bad,
+        whole_chats=args.whole_chats,
+        loss_mask=args.loss_mask,
         timeout_s=settings.timeout_s,
         generate=generate,
     )

@@ -122,9 +122,9 @@ class PromptSpec(BaseModel):
     loss_mask: list[Annotated[StrictInt, Field(ge=0, le=1)]] | Literal["assistant_turns", "last_turn"] | None = Field(
         default=None,
         description="which tokens a drafter trains on: 0/1 per token of prompt and given response; "
-        '"assistant_turns" (the default for messages): every assistant turn and the response; '
+        '"assistant_turns": every assistant turn and the response; '
         '"last_turn": the response, or the last assistant turn of a finished chat; '
-        "None: for messages assistant_turns, else the response",
+        "None: assistant_turns for a finished chat (ending with the assistant's turn), else the response",
     )
 
     @model_validator(mode="after")

@@ -67,36 +67,54 @@ class PromptTokenizer:
         template = getattr(self.tokenizer, "chat_template", None)
         return hashlib.sha256(template.encode()).hexdigest() if isinstance(template, str) and template else None
 
-    def assistant_turns(self, spec: PromptSpec, prompt_ids: Sequence[int]) -> Spans:
-        """The token ranges of a chat's assistant turns in its rendered `prompt_ids`, each from where the
-        generation prompt ends to the end of the turn (its end-of-turn tokens included), as speculators
-        bounds them: `messages[:j]` rendered with the generation prompt against `messages[:j + 1]` without.
-        A leading assistant turn has no prompt before it and is context. InvalidPrompt when the template
-        renders a turn differently inside the whole chat (it rewrites history): no boundary is exact."""
-        messages, turns = _chat(spec.messages or []), []
-        for j in range(1, len(messages)):
-            if messages[j]["role"] != "assistant":
-                continue
-            before = self._render(messages[:j], spec.enable_thinking)
-            through = self._render(messages[: j + 1], spec.enable_thinking)
-            if through[: len(before)] != before or list(prompt_ids[: len(through)]) != through:
-                raise InvalidPrompt(
-                    f"the chat template renders assistant turn {j} differently within the whole chat, so its "
-                    "tokens have no exact boundary: give loss_mask as 0/1 per token"
-                )
-            turns.append((len(before), len(through)))
-        return tuple(turns)
+    def assistant_turns(self, spec: PromptSpec, prompt_ids: Sequence[int], *, last_only: bool = False) -> Spans:
+        """The token ranges of a chat's assistant turns (`last_only`: its last one) in its rendered
+        `prompt_ids`, each from where the generation prompt ends to the end of the turn (its end-of-turn
+        tokens included), bounded as speculators bounds them: `messages[:j]` rendered with the generation
+        prompt against `messages[:j + 1]` without; where the generation prompt differs from the turn's
+        own opening (a pre-filled think block), at their common prefix, provided the history agrees. A
+        leading assistant turn has no prompt before it and is context. InvalidPrompt when no boundary is
+        exact: the history disagrees, or the template renders the turn otherwise within the whole chat."""
+        messages = _chat(spec.messages or [])
+        turns = [j for j in range(1, len(messages)) if messages[j]["role"] == "assistant"]
+        return tuple(
+            self._turn(messages, j, prompt_ids, spec.enable_thinking) for j in (turns[-1:] if last_only else turns)
+        )
 
-    def _render(self, messages: list[dict[str, str]], enable_thinking: bool | None) -> list[int]:
-        """A chat's token ids: a finished one (its last turn the assistant's) as it stands, as the peers
-        render training data; otherwise with the generation prompt, ready for the target's answer."""
+    def _turn(
+        self, messages: list[dict[str, str]], j: int, prompt_ids: Sequence[int], enable_thinking: bool | None
+    ) -> tuple[int, int]:
+        before = self._render(messages[:j], enable_thinking)
+        through = self._render(messages[: j + 1], enable_thinking)
+        start = len(before)
+        if through[:start] != before:  # the generation prompt is not how the recorded turn opens
+            start = next((i for i, (a, b) in enumerate(zip(before, through, strict=False)) if a != b), start)
+            history = self._render(messages[:j], enable_thinking, generation_prompt=False)
+            if through[: len(history)] != history or start < len(history):
+                raise InvalidPrompt(
+                    f"the chat template renders the history before assistant turn {j} differently once the turn "
+                    "follows, so the turn has no exact boundary: give loss_mask as 0/1 per token"
+                )
+        if list(prompt_ids[: len(through)]) != through:
+            raise InvalidPrompt(
+                f"the chat template renders assistant turn {j} differently within the whole chat (it rewrites "
+                "history), so the turn has no exact boundary: give loss_mask as 0/1 per token"
+            )
+        return start, len(through)
+
+    def _render(
+        self, messages: list[dict[str, str]], enable_thinking: bool | None, generation_prompt: bool | None = None
+    ) -> list[int]:
+        """A chat's token ids: by default a finished one (its last turn the assistant's) as it stands, as
+        the peers render training data, otherwise with the generation prompt, ready for the answer."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise InvalidPrompt("the target's tokenizer has no chat template: send the prompt as text or token_ids")
         extra: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-        finished = messages[-1]["role"] == "assistant"
+        if generation_prompt is None:
+            generation_prompt = messages[-1]["role"] != "assistant"
         try:
             out: Any = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=not finished, tokenize=True, **extra
+                messages, add_generation_prompt=generation_prompt, tokenize=True, **extra
             )
         except Exception as e:  # jinja errors raised by the template itself (e.g. raise_exception)
             raise InvalidPrompt(f"the target's chat template refused these messages: {e}") from None

@@ -60,9 +60,13 @@ def _loss_spans(
         finished = spec.messages[-1].role == "assistant"
         if finished and generates:
             raise InvalidPrompt("a chat that ends with an assistant turn is finished: it cannot go with generate")
-        turns = prompts.assistant_turns(spec, prompt_ids)
-        if spec.loss_mask == "last_turn":
-            turns = turns[-1:] if finished else ()
+        # A chat awaiting its answer trains on the answer alone by default: speculators' row of that turn,
+        # its earlier turns context (and its id what it was before loss masks).
+        mode = spec.loss_mask or ("assistant_turns" if finished else "last_turn")
+        if mode == "last_turn":
+            turns = prompts.assistant_turns(spec, prompt_ids, last_only=True) if finished else ()
+        else:
+            turns = prompts.assistant_turns(spec, prompt_ids)
         given = ((len(prompt_ids), len(prompt_ids) + len(response)),) if response else ()
         spans = joined(turns, given)
     else:

@@ -4,7 +4,8 @@ prompt text of each row, found by the field names the common benchmark sets use.
 Formats: `.jsonl`, `.json`, `.csv`, `.parquet`, and directories written by `Dataset.save_to_disk`.
 Fields, in the order they are looked for: `question` (gsm8k), `problem` (math500), `prompt` (humaneval,
 mbpp), `text` (mbpp), `instruction` + `input` (alpaca), `turns` (mt-bench), `conversations` /
-`messages` (ShareGPT, chat). `--field NAME` names the field instead.
+`messages` (ShareGPT, chat). `--field NAME` names the field instead. `whole_chat_of` reads a chat row
+as a whole, finished conversation instead (`--whole-chats`: training data, not a prompt to answer).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class BadRow(ValueError):
 
 @dataclass(frozen=True)
 class Row:
-    """One prompt of a file: its user text (or leading chat messages), and where it came from."""
+    """One prompt of a file: its user text (or its chat messages: the leading ones, or a whole chat), and
+    where it came from."""
 
     file: Path
     index: int
@@ -85,17 +87,46 @@ def _text(value: Any, where: str, field: str) -> str:
     return value
 
 
+def whole_chat_of(row: Mapping[str, Any], file: Path, index: int, field: str | None = None) -> Row:
+    """A chat row as one finished conversation: every message, the trailing ones after its last assistant
+    turn dropped (as speculators' preprocessing drops them); BadRow for a row without a chat, or without an
+    assistant turn after a user turn."""
+    where = f"{file} row {index}"
+    names = (field,) if field is not None else CHAT_FIELDS
+    name = next((n for n in names if row.get(n) is not None), None)
+    if name is None:
+        raise BadRow(f"{where}: --whole-chats reads conversations/messages, and the row has no {' or '.join(names)}")
+    messages = _messages(row[name], where, name)
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+    if not users or last < users[0]:
+        raise BadRow(f"{where}: field {name!r} has no assistant turn after a user turn")
+    return Row(file, index, None, messages[: last + 1])
+
+
+def _messages(value: Any, where: str, field: str) -> list[dict[str, str]]:
+    """Every message of a chat, its role normalised (human/gpt/system/...)."""
+    if not isinstance(value, list) or not value:
+        raise BadRow(f"{where}: field {field!r} must be a non-empty list of messages")
+    return [_message(m, i, where, field) for i, m in enumerate(value)]
+
+
+def _message(m: Any, i: int, where: str, field: str) -> dict[str, str]:
+    role = m.get("role", m.get("from")) if isinstance(m, Mapping) else None
+    content = m.get("content", m.get("value")) if isinstance(m, Mapping) else None
+    if role not in _ROLES or not isinstance(content, str):
+        raise BadRow(f"{where}: field {field!r} message {i} needs a known role and text content, got {m!r:.80}")
+    return {"role": _ROLES[role], "content": content}
+
+
 def _leading_messages(value: Any, where: str, field: str) -> list[dict[str, str]]:
-    """A chat up to and including its first user message (the prompt the target answers)."""
+    """A chat up to and including its first user message (the prompt the target answers); the messages
+    after it are not read."""
     if not isinstance(value, list) or not value:
         raise BadRow(f"{where}: field {field!r} must be a non-empty list of messages")
     out = []
     for i, m in enumerate(value):
-        role = m.get("role", m.get("from")) if isinstance(m, Mapping) else None
-        content = m.get("content", m.get("value")) if isinstance(m, Mapping) else None
-        if role not in _ROLES or not isinstance(content, str):
-            raise BadRow(f"{where}: field {field!r} message {i} needs a known role and text content, got {m!r:.80}")
-        out.append({"role": _ROLES[role], "content": content})
-        if _ROLES[role] == "user":
+        out.append(_message(m, i, where, field))
+        if out[-1]["role"] == "user":
             return out
     raise BadRow(f"{where}: field {field!r} has no user message")

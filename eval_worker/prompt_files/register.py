@@ -1,5 +1,6 @@
 """`eval-worker prompts add`: register the prompts of dataset files as one set, rendered as the target's
-chat template would (with thinking on or off) or as plain text, and watch them become ready."""
+chat template would (with thinking on or off) or as plain text, and watch them become ready; or, with
+`whole_chats`, register chat rows as whole, finished conversations (training data: nothing generated)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cache_server.client import CacheClient
-from eval_worker.prompt_files.records import BadRow, Row, prompt_of, read_rows
+from eval_worker.prompt_files.records import BadRow, Row, prompt_of, read_rows, whole_chat_of
 from schemas.plan import StoragePlan
 from schemas.prompts import GenerateSpec, PromptStatus
 
 log = logging.getLogger(__name__)
 BATCH = 10000  # prompts per POST /prompts (the server's limit; each request is all or nothing)
+DEFAULT_MAX_NEW_TOKENS = 2048  # --max-new-tokens
+LossMaskName = Literal["assistant_turns", "last_turn"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,29 @@ class AddOptions:
     suffix: str = ""
     skip_bad: bool = False
     timeout_s: float = 600.0  # waiting for a multi-turn prompt's earlier turns
+    whole_chats: bool = False  # chat rows as whole, finished conversations; `generate` is not used
+    loss_mask: LossMaskName | None = None  # with whole_chats: the turns trained on (None: assistant_turns)
+
+    def __post_init__(self) -> None:
+        """ValueError for options that make no sense together (with --whole-chats, or without it)."""
+        if not self.whole_chats:
+            if self.loss_mask is not None:
+                raise ValueError("--loss-mask picks a whole chat's turns to train on: it needs --whole-chats")
+            return
+        if self.suffix:
+            raise ValueError("--suffix with --whole-chats: a whole chat is registered as it is, nothing appended")
+        if self.chat_template is False:
+            raise ValueError("--no-chat-template with --whole-chats: a chat is rendered by the chat template")
+        if self.generate != GenerateSpec(max_new_tokens=DEFAULT_MAX_NEW_TOKENS):
+            raise ValueError(
+                "--whole-chats registers finished chats and generates nothing: drop --max-new-tokens, "
+                "--temperature, --top-p, --top-k, --min-p, --seed and --samples"
+            )
+
+    def generation(self) -> GenerateSpec | None:
+        """The `generate` of every `POST /prompts` (and `/plan`): None for whole chats, which the server
+        refuses to answer."""
+        return None if self.whole_chats else self.generate
 
 
 @dataclass(frozen=True)
@@ -51,7 +77,8 @@ def collect_rows(files: Sequence[Path], opts: AddOptions) -> tuple[list[Row], li
     for path in files:
         for i, record in enumerate(read_rows(path)):
             try:
-                rows.append(prompt_of(record, path, i, opts.field))
+                read = whole_chat_of if opts.whole_chats else prompt_of
+                rows.append(read(record, path, i, opts.field))
             except BadRow as e:
                 if not opts.skip_bad:
                     raise
@@ -64,6 +91,8 @@ def collect_rows(files: Sequence[Path], opts: AddOptions) -> tuple[list[Row], li
 def prompt_spec(row: Row, opts: AddOptions, chat_template: bool) -> dict[str, Any]:
     """The `POST /prompts` entry of a row."""
     spec: dict[str, Any] = {"name": f"{row.file.name}:{row.index}", "sets": [opts.set_name]}
+    if opts.whole_chats:  # a finished chat: the server renders it without a generation prompt
+        spec["loss_mask"] = opts.loss_mask or "assistant_turns"
     messages = row.messages or [{"role": "user", "content": (row.text or "") + opts.suffix}]
     if row.messages is not None and opts.suffix:
         messages = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + opts.suffix}]
@@ -109,6 +138,8 @@ def _first_turns(
     use_template = has_template if opts.chat_template is None else opts.chat_template
     if use_template and not has_template:
         raise ValueError("--chat-template: the target's tokenizer has no chat template")
+    if opts.whole_chats and not use_template:
+        raise ValueError("--whole-chats: the target's tokenizer has no chat template to render a chat with")
     if opts.enable_thinking is not None and not use_template:
         raise ValueError("--enable-thinking / --disable-thinking are passed to the chat template, which is off")
     rows, skipped = collect_rows(files, opts)
@@ -124,7 +155,7 @@ def plan_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) -
     """`--dry-run`: what registering the files' first turns would store, nothing registered; and how many
     later turns of multi-turn rows it leaves out (they are tokenized only once the earlier turns are answered)."""
     rows, specs, _ = _first_turns(client, files, opts)
-    plans = [client.plan(specs[lo : lo + BATCH], generate=opts.generate) for lo in range(0, len(specs), BATCH)]
+    plans = [client.plan(specs[lo : lo + BATCH], generate=opts.generation()) for lo in range(0, len(specs), BATCH)]
     total = plans[0].for_load(sum(p.prompts for p in plans), sum(p.tokens for p in plans))
     return total, sum(len(row.later_turns) for row in rows)
 
@@ -132,7 +163,7 @@ def plan_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) -
 def add_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) -> Added:
     """Read every row first (nothing is registered if one is bad, unless `skip_bad`), then register."""
     rows, specs, skipped = _first_turns(client, files, opts)
-    ids = _register(client, specs, opts.generate)
+    ids = _register(client, specs, opts.generation())
     # Multi-turn rows: turn k is registered once the target has answered turns 1..k-1 (each its own prompt).
     firsts = ids[:: opts.generate.samples]  # each row's samples are in turn (multi-turn rows have one)
     threads = {i: [pid] for i, (row, pid) in enumerate(zip(rows, firsts, strict=True)) if row.later_turns}
@@ -146,7 +177,7 @@ def add_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) ->
     return Added(ids, skipped)
 
 
-def _register(client: CacheClient, specs: list[dict[str, Any]], generate: GenerateSpec) -> list[str]:
+def _register(client: CacheClient, specs: list[dict[str, Any]], generate: GenerateSpec | None) -> list[str]:
     ids: list[str] = []
     for lo in range(0, len(specs), BATCH):
         ids += [p.prompt_id for p in client.register(specs[lo : lo + BATCH], generate=generate)]

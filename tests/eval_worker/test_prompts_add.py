@@ -1,11 +1,13 @@
 """`eval-worker prompts add` against a real server: dataset files of the common benchmark shapes become
 sets, rendered with the target's chat template exactly as `tokenizer.apply_chat_template` renders them
-(thinking on and off), and a malformed row registers nothing unless --skip-bad."""
+(thinking on and off), and a malformed row registers nothing unless --skip-bad; with --whole-chats, chat
+rows become finished conversations rendered as the template renders them, trained on their assistant turns."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from transformers import AutoTokenizer
 from cache_server.client import CacheClient
 from eval_worker.cli import main
 from eval_worker.exit_codes import ExitCode
+from schemas.loss_mask import spans_of
 from testing.servers import running_server
 
 pytestmark = pytest.mark.slow
@@ -28,6 +31,25 @@ HUMANEVAL = [
     {"task_id": "HumanEval/1", "prompt": "def fib(n):\n"},
 ]
 SUFFIX = " Please reason step by step."
+CHATS: list[dict[str, Any]] = [
+    {
+        "conversations": [
+            {"from": "system", "value": "Answer in one word."},
+            {"from": "human", "value": "Capital of France?"},
+            {"from": "gpt", "value": "Paris"},
+            {"from": "human", "value": "And of Italy?"},
+            {"from": "gpt", "value": "Rome"},
+        ]
+    },
+    {
+        "conversations": [
+            {"from": "human", "value": "def add(a, b):"},
+            {"from": "gpt", "value": "return a + b"},
+            {"from": "human", "value": "Thanks!"},  # trailing: dropped, nothing answers it
+        ]
+    },
+    {"question": "What is 6 times 7?"},  # no chat: refused with --whole-chats
+]
 MT_BENCH = [
     {"question_id": 81, "turns": ["Write a haiku about Python.", "Now make it rhyme."]},
     {"question_id": 82, "turns": ["Name a prime number.", "Is it even?"]},
@@ -178,3 +200,80 @@ def test_sampled_sets_register_each_sample_with_its_setting_and_refuse_bad_setti
             err = capsys.readouterr().err.strip()
             assert wanted in err and "\n" not in err
         assert [s.name for s in client.sets().sets] == ["he-t06"]
+
+
+def _finished(row: dict[str, Any]) -> list[dict[str, str]]:
+    """The chat a row stands for, written out by hand: roles renamed, the trailing user turn dropped."""
+    roles = {"system": "system", "human": "user", "gpt": "assistant"}
+    messages = [{"role": roles[m["from"]], "content": m["value"]} for m in row["conversations"]]
+    return messages[:-1] if messages[-1]["role"] == "user" else messages
+
+
+def _finished_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The tokenizer's own rendering of a finished chat: no generation prompt after its last turn."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=True, return_dict=True)
+    return list(out["input_ids"])
+
+
+def _trained_text(tokenizer: Any, token_ids: list[int], spans: Sequence[tuple[int, int]]) -> list[str]:
+    return [tokenizer.decode(token_ids[lo:hi]) for lo, hi in spans]
+
+
+def test_whole_chats_are_registered_finished_and_trained_on_their_assistant_turns(
+    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps(r) + "\n" for r in CHATS))
+    expected = [_finished(row) for row in CHATS[:2]]
+    with running_server(tiny_target, tmp_path / "store") as url, CacheClient(url) as client:
+        base = ["prompts", "add", str(chats), "--server", url, "--whole-chats"]
+        assert main([*base, "--set", "chats"]) == ExitCode.usage  # the question row stops it all
+        assert f"{chats} row 2: --whole-chats reads conversations/messages" in capsys.readouterr().err
+        assert client.prompts() == []
+        assert main([*base, "--set", "chats", "--skip-bad", "--wait"]) == 0
+        assert main([*base, "--set", "chats-last", "--loss-mask", "last_turn", "--skip-bad", "--wait"]) == 0
+        out = capsys.readouterr().out
+        assert "2 prompts registered in set 'chats'; 1 bad rows skipped" in out and "row 2: --whole-chats" in out
+        for name, trained in (("chats", slice(None)), ("chats-last", slice(-1, None))):
+            states = [client.prompt(p.prompt_id) for p in client.prompts(set_name=name)]
+            assert [s.name for s in states] == ["chats.jsonl:0", "chats.jsonl:1"]
+            for state, messages in zip(states, expected, strict=True):
+                truth = _finished_ids(tokenizer, messages)
+                assert state.token_ids == truth and state.num_tokens == len(truth)  # nothing generated
+                answers = [m["content"] + "<|im_end|>\n" for m in messages if m["role"] == "assistant"]
+                assert _trained_text(tokenizer, truth, state.loss_spans or []) == answers[trained]
+                served = client.hidden(state.prompt_id, [0])  # the mask served with the states, the same
+                spans = spans_of(served.metadata.loss_mask().tolist())
+                assert _trained_text(tokenizer, served.token_ids.tolist(), spans) == answers[trained]
+
+
+def test_whole_chats_refuse_what_makes_no_sense_with_them_and_plan_without_responses(
+    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    chats, mt_bench = tmp_path / "chats.jsonl", tmp_path / "mt_bench.jsonl"
+    chats.write_text("".join(json.dumps(r) + "\n" for r in CHATS[:2]))
+    mt_bench.write_text("".join(json.dumps(r) + "\n" for r in MT_BENCH))
+    with running_server(tiny_target, tmp_path / "store") as url, CacheClient(url) as client:
+        base = ["prompts", "add", "--server", url, "--set", "chats"]
+        for flags, wanted in [
+            (["--whole-chats", "--suffix", SUFFIX], "--suffix with --whole-chats"),
+            (["--whole-chats", "--no-chat-template"], "--no-chat-template with --whole-chats"),
+            (["--whole-chats", "--temperature", "0.6", "--samples", "2"], "generates nothing"),
+            (["--whole-chats", "--max-new-tokens", "4"], "generates nothing"),
+            (
+                ["--loss-mask", "last_turn"],
+                "--loss-mask picks a whole chat's turns to train on: it needs --whole-chats",
+            ),
+        ]:
+            assert main([*base, str(chats), *flags]) == ExitCode.usage
+            err = capsys.readouterr().err.strip()
+            assert wanted in err and "\n" not in err
+        assert main([*base, str(mt_bench), "--whole-chats"]) == ExitCode.usage  # turns are not a finished chat
+        assert f"{mt_bench} row 0: --whole-chats reads conversations/messages" in capsys.readouterr().err
+        assert main([*base, str(chats), "--whole-chats", "--dry-run"]) == ExitCode.ok
+        assert client.prompts() == [] and client.sets().sets == []  # nothing registered
+    lines = {line[:19].strip(): line[19:] for line in capsys.readouterr().out.splitlines()}
+    tokens = sum(len(_finished_ids(tokenizer, _finished(row))) for row in CHATS[:2])
+    assert lines["prompts"] == f"2, {tokens} tokens in all"  # the chats alone: no response to generate

@@ -50,21 +50,35 @@ def _trained_text(tokenizer, tokens: list[int], mask: list[int]) -> list[str]:  
 def test_a_chats_assistant_turns_and_its_response_are_trained_on(tiny_target: Path, tmp_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_target)
     with app_client(tiny_target, tmp_path / "store") as client:
-        [chat] = _register(client, [{"messages": CHAT}], generate=5)
+        [chat, answer_only] = _register(
+            client, [{"messages": CHAT, "loss_mask": "assistant_turns"}, {"messages": CHAT}], 5
+        )
         tokens, mask = _served(client, chat)
         prompt_len = client.get(f"/prompts/{chat}").json()["prompt_len"]
-        assert (
-            _trained_text(tokenizer, tokens, mask)
-            == [
-                "return n<|im_end|>\n",  # the earlier turn, its end-of-turn tokens with it
-                tokenizer.decode(tokens[prompt_len:]),  # the generated response, whole
-            ]
-        )
+        response = tokenizer.decode(tokens[prompt_len:])
+        assert _trained_text(tokenizer, tokens, mask) == [
+            "return n<|im_end|>\n",  # the earlier turn, its end-of-turn tokens with it
+            response,  # the generated response, whole
+        ]
+        # by default a chat awaiting its answer trains on the answer: speculators' row of that turn
+        assert _trained_text(tokenizer, *_served(client, answer_only)) == [response]
         [finished, last] = _register(client, [{"messages": FINISHED}, {"messages": FINISHED, "loss_mask": "last_turn"}])
         tokens, mask = _served(client, finished)
         assert tokenizer.decode(tokens).endswith("self.items = []<|im_end|>\n")  # no generation prompt after it
         assert _trained_text(tokenizer, tokens, mask) == ["return n<|im_end|>\n", "self.items = []<|im_end|>\n"]
         assert _trained_text(tokenizer, *_served(client, last)) == ["self.items = []<|im_end|>\n"]
+
+
+def test_a_prefilled_generation_prompt_bounds_the_turn_where_the_history_ends(
+    tiny_target: Path, tmp_path: Path
+) -> None:
+    """Without thinking the tiny template opens its generation prompt with an empty think block, which a
+    recorded turn does not have: the turn starts where the two renders part (speculators' fallback)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    with app_client(tiny_target, tmp_path / "store") as client:
+        [pid] = _register(client, [{"messages": FINISHED, "enable_thinking": False}])
+        tokens, mask = _served(client, pid)
+        assert _trained_text(tokenizer, tokens, mask) == ["return n<|im_end|>\n", "self.items = []<|im_end|>\n"]
 
 
 def test_the_default_mask_keeps_ids_and_a_given_one_is_served_as_given(tiny_target: Path, tmp_path: Path) -> None:
