@@ -1,6 +1,7 @@
 """`eval-worker export` against a real server: the `.ckpt` files hold what a direct transformers forward
-computes, SpecForge's own offline loader reads them in the set's order (and its DFlash step trains on
-them, on CPU), a rerun resumes without rewriting, and bad requests are refused by name."""
+computes (an FP8 store's dequantized), SpecForge's own offline loader reads them in the set's order (and
+its DFlash step trains on them, on CPU), a rerun resumes without rewriting, and bad requests are refused
+by name."""
 
 from __future__ import annotations
 
@@ -185,3 +186,23 @@ def test_bad_requests_are_refused_by_name(served: Any, tmp_path: Path, capsys: p
     assert _export(url, tmp_path / "file", "specforge-dflash") == ExitCode.usage
     assert "is a file: export writes a directory" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing written for a refused request
+
+
+@pytest.mark.slow
+def test_an_fp8_store_is_exported_dequantized(served: Any, forward: Any, tmp_path: Path) -> None:
+    _, target = served
+    with running_server(target, tmp_path / "fp8-store", "--store-dtype", "float8_e4m3fn") as url:
+        with CacheClient(url) as client:
+            specs = [{"token_ids": p, "sets": ["train"]} for p in PROMPTS]
+            ids = [r.prompt_id for r in client.register(specs, max_new_tokens=NEW_TOKENS)]
+            client.wait_ready(ids)
+            served_states = [torch.from_numpy(client.hidden(p, AUX).hidden) for p in ids]
+        assert _export(url, tmp_path / "out", "specforge-dflash") == ExitCode.ok
+    for path, dequantized, exact in zip(_files(tmp_path / "out"), served_states, forward["aux"], strict=True):
+        saved = torch.load(path, weights_only=True)["hidden_states"][0]
+        assert saved.dtype == torch.float32  # the target's dtype, not the stored FP8 bytes
+        assert torch.equal(saved, dequantized)
+        assert not torch.equal(saved, exact)  # FP8 rounding happened, within its error of a direct forward:
+        # 2^-4 of each value, and 2^-10 of its row's scale (amax / 448; over all three layers, a looser bound)
+        bound = exact.abs() * 2**-4 * 1.001 + exact.abs().amax(-1, keepdim=True) / 448 * 2**-10 * 1.01
+        assert ((saved - exact).abs() <= bound).all()
