@@ -10,10 +10,10 @@ from pydantic import BaseModel, ConfigDict
 
 from schemas.layers import LAYER_CONVENTION, RequestLayerConvention, format_layer_list, parse_layer_list
 from schemas.loss_mask import mask_of, parse_spans, served_spans
+from schemas.sampling import SamplingParams
 
 if TYPE_CHECKING:
     import numpy as np
-from schemas.sampling import SamplingParams
 
 HIDDEN_TENSOR = "hidden"
 TOKEN_IDS_TENSOR = "token_ids"
