@@ -8,13 +8,11 @@ a JSON answer on stdout); imported here, `specforge_mask` and `speculators_rows`
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from testing.peers import peers_python
+from testing.peers import run_in_peers
 
 MAX_LENGTH = 512  # the test engine's max_model_len: vLLM refuses to truncate beyond it
 
@@ -36,15 +34,7 @@ def _saved(conversation: list[dict[str, str]], work: Path) -> str:
 
 
 def _run(*args: str) -> Any:
-    python = peers_python()
-    if python is None:
-        raise RuntimeError("the peers' environment .venv-peers is missing: ./dev test (or .ci/run) builds it")
-    repo = str(Path(__file__).resolve().parents[1])  # this module imports `testing.peers` there too
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": repo}
-    done = subprocess.run([str(python), __file__, *args], capture_output=True, text=True, timeout=600, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"peer_masks.py {args[0]} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(run_in_peers(Path(__file__), *args).strip().splitlines()[-1])
 
 
 def _specforge(model: str, template: str, conversation: list[dict[str, str]]) -> dict[str, list[int]]:

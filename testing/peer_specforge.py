@@ -16,8 +16,6 @@ peers' environment (`testing/peers.py`), never the project's.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -120,22 +118,10 @@ def train_dflash(target: str, features: str, layers: str) -> None:
 
 
 def _in_peers(*args: str | Path) -> str:
-    """This script's stdout, run with `args` in the peers' environment (RuntimeError when it fails)."""
-    from testing.peers import peers_python  # the project's side only: the peers' Python never imports it
+    """This script's last line of stdout, run with `args` in the peers' environment."""
+    from testing.peers import run_in_peers  # the project's side only: the peers' Python never imports it
 
-    python = peers_python()
-    if python is None:
-        raise RuntimeError("the peers' environment .venv-peers is missing: ./dev test (or .ci/run) builds it")
-    done = subprocess.run(
-        [str(python), __file__, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"peer_specforge.py {args[0]} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return done.stdout.strip().splitlines()[-1]
+    return run_in_peers(Path(__file__), *args).strip().splitlines()[-1]
 
 
 def specforge_batches(algorithm: str, features: Path, work: Path) -> tuple[list[str], dict[str, torch.Tensor]]:

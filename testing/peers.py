@@ -21,20 +21,23 @@ def peers_python() -> Path | None:
     return path if path.exists() else None
 
 
-def _run(*args: str | Path) -> str:
+def run_in_peers(script: Path, *args: str | Path) -> str:
+    """`script`'s stdout, run with `args` by the peers' environment's Python with this repository on its
+    PYTHONPATH (RuntimeError naming the script when the environment is missing or the script fails)."""
     python = peers_python()
     if python is None:
         raise RuntimeError("the peers' environment .venv-peers is missing: ./dev test (or .ci/run) builds it")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [str(python), str(SCRIPT), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        [str(python), str(script), *map(str, args)], capture_output=True, text=True, timeout=600, env=env
     )
     if done.returncode != 0:
-        raise RuntimeError(f"peer_checkpoints.py {args[0]} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+        raise RuntimeError(f"{script.name} {args[0]} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return done.stdout
+
+
+def _run(*args: str | Path) -> str:
+    return run_in_peers(SCRIPT, *args)
 
 
 def write_peer_checkpoints(target: Path, out: Path) -> dict[str, Path]:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
-from testing.peers import REPO, peers_python
+from testing.peers import REPO, run_in_peers
 from testing.servers import running_server
 from testing.taps import target_forward
 
@@ -33,23 +31,13 @@ SCRIPT = REPO / "testing" / "peer_training.py"
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, Path]:
-    python = peers_python()
-    if python is None:
-        pytest.fail("the peers' environment .venv-peers is missing: ./dev test (or .ci/run) builds it")
     tmp = tmp_path_factory.mktemp("speculators-dataset")
     target = build_tiny_model(tmp / "target", layers=LAYERS, hidden=64)
     with running_server(target, tmp / "store") as url, CacheClient(url) as client:
         specs = [{"token_ids": p, "sets": ["train"]} for p in PROMPTS]
         client.wait_ready([r.prompt_id for r in client.register(specs, max_new_tokens=NEW_TOKENS)])
-        done = subprocess.run(
-            [str(python), str(SCRIPT), url, str(target), str(tmp), "train", str(STEPS)],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)},
-        )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), target, tmp / "offline"
+        out = run_in_peers(SCRIPT, url, target, tmp, "train", str(STEPS))
+    return json.loads(out.strip().splitlines()[-1]), target, tmp / "offline"
 
 
 def test_both_ways_in_train_identically_step_for_step(trained: tuple[dict[str, Any], Path, Path]) -> None:
