@@ -51,3 +51,12 @@ def test_what_cannot_be_served_that_way_is_refused(tiny_target: Path, tmp_path: 
         assert "0 is the embeddings" in refused(layers="0,3", layer_convention="hf_index")
         assert "1..6" in refused(layers="7", layer_convention="hf_index")
         assert client.get("/hidden", params={"prompt_id": pid, "layers": "1", "final_norm": "pre"}).status_code == 422
+
+
+def test_a_row_range_is_those_rows_of_the_whole_normed_body(tiny_target: Path, tmp_path: Path) -> None:
+    with app_client(tiny_target, tmp_path / "store") as client:
+        [pid] = register_ready(client, [{"token_ids": TOKENS}], layer=LAST)
+        whole, _ = get_hidden(client, pid, f"{LAST},1", final_norm="post")
+        part, meta = get_hidden(client, pid, f"{LAST},1", final_norm="post", start=3, stop=7)
+    assert (meta["start"], meta["stop"]) == ("3", "7")
+    assert torch.equal(part["hidden"], whole["hidden"][3:7])

@@ -9,6 +9,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from transformers import AutoTokenizer
 
+from schemas.hidden import HiddenMetadata
 from schemas.loss_mask import mask_of, spans_of
 from tests.cache_server.helpers import app_client, error_message, get_hidden
 
@@ -108,3 +109,12 @@ def test_what_cannot_be_masked_is_refused(tiny_target: Path, tmp_path: Path) -> 
         assert "finished" in refused({"messages": FINISHED}, generate=4)
         assert "finished" in refused({"messages": FINISHED, "response_token_ids": [5]})
         assert "less than or equal to 1" in refused({"token_ids": [5, 6], "loss_mask": [0, 2]})
+
+
+def test_a_row_range_carries_those_rows_of_the_mask(tiny_target: Path, tmp_path: Path) -> None:
+    given = [1, 0, 1, 1, 0, 0, 1]
+    with app_client(tiny_target, tmp_path / "store") as client:
+        [pid] = _register(client, [{"token_ids": [5, 6, 7, 8, 9], "response_token_ids": [10, 11], "loss_mask": given}])
+        _, meta = get_hidden(client, pid, "0", start=2, stop=6)
+    metadata = HiddenMetadata.from_strings(meta)
+    assert metadata.loss_mask().tolist() == given[2:6]
