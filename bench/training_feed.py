@@ -43,7 +43,7 @@ from bench.serve_hidden import REPO, FixtureTarget, fixture_info, interleaved_me
 from cache_server.api.app import create_app
 from cache_server.capture.heads import FinalNorm, Heads
 from cache_server.client import CacheClient
-from cache_server.client.torch_dataset import HiddenStatesDataset, Sample, SampleFormat
+from cache_server.client.torch_dataset import HiddenStatesDataset, Sample
 from cache_server.compute.metrics import Metrics
 from cache_server.compute.registry import Registration, Registry, prompt_id_for
 from cache_server.compute.service import HiddenStateService
@@ -53,6 +53,7 @@ from cache_server.torch_utils import TORCH_DTYPES as DTYPES
 from eval_worker.checkpoints.layer_ids import eagle3_default_layer_ids
 from schemas.dtypes import DTypeName
 from schemas.model import TargetDescription
+from schemas.sample_formats import SampleFormat
 from testing.s3 import aws_environment, fresh_prefix, moto_server
 from testing.servers import free_port, running_child
 

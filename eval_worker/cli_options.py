@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, get_args
+from typing import Any, TypeVar
 
 from pydantic_settings import BaseSettings, CliSettingsSource
 
@@ -20,13 +20,12 @@ from schemas.eval_spec import (
     FamilyOptions,
     families_reading,
 )
-from schemas.layers import CheckpointLayerConvention, RequestLayerConvention, parse_layer_list
+from schemas.layers import CHECKPOINT_LAYER_CONVENTIONS, REQUEST_LAYER_CONVENTIONS, parse_layer_list
+from schemas.sample_formats import EXPORT_FORMATS
 from schemas.sampling import DRAFT_SAMPLING
 from schemas.trees import EagleTreeShape
 
 Command = Callable[[argparse.Namespace, Any], int]
-# `export`'s formats (`eval_worker.export.ExportFormat`, in a module that imports torch: named here for --help)
-EXPORT_FORMATS = ("specforge-eagle3", "specforge-dflash")
 S = TypeVar("S", bound=BaseSettings)
 # The flags that fill a family's options block, by the field of the block each sets.
 FAMILY_FLAGS = {
@@ -178,7 +177,7 @@ def job_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--layer-convention",
-        choices=get_args(CheckpointLayerConvention),
+        choices=CHECKPOINT_LAYER_CONVENTIONS,
         help="EAGLE-3: read the checkpoint's layer ids in this convention instead of its layout's",
     )
     p.add_argument(
@@ -216,7 +215,7 @@ def export_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--layer-convention",
-        choices=get_args(RequestLayerConvention),
+        choices=REQUEST_LAYER_CONVENTIONS,
         default="decoder_output_0based",
         help="decoder_output_0based (default; SpecForge's own numbering): output of decoder layer i; "
         "hf_index: Hugging Face hidden_states index (i - 1 in the default's)",

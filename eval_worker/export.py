@@ -11,13 +11,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 
 from cache_server.client.torch_dataset import HiddenStatesDataset, Sample
 from eval_worker.commands import connect
+from schemas.choices import one_of
 from schemas.layers import RequestLayerConvention
+from schemas.sample_formats import EXPORT_FORMATS, ExportFormat
 
 if TYPE_CHECKING:
     from cache_server.client import CacheClient
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ExportFormat = Literal["specforge-eagle3", "specforge-dflash"]
 MANIFEST = "export.json"  # SpecForge's reader lists only *.ckpt and *.ckpt.gz: this never reaches training
 PARTIAL = ".partial"  # a file being written: a hidden name that SpecForge's reader does not list
 EAGLE3_LAYERS = 3  # SpecForge resolves exactly three EAGLE-3 capture layers (resolve_eagle_capture_layers)
@@ -88,6 +89,7 @@ def export(request: ExportRequest, settings: ConnectionSettings) -> ExportSummar
     """Write every prompt of the set not yet in `request.out`, fetched a few ahead (ValueError for a bad
     request, or an `out` that holds another export)."""
     out = _out_dir(request.out)
+    one_of(request.format, EXPORT_FORMATS, "format")  # a speculators sample is no SpecForge file
     if request.format == "specforge-eagle3" and len(request.layers) != EAGLE3_LAYERS:
         raise ValueError(f"specforge-eagle3 takes exactly {EAGLE3_LAYERS} layers (as SpecForge), got {request.layers}")
     with connect(settings) as client:

@@ -9,9 +9,10 @@ jobs (`jobs.py`), what an evaluation measures
 (`parity.py`); a capture's storage projected before it starts (`plan.py`) and how it is kept, exact
 or FP8 (`storage.py`, its values `fp8.py`); the completions request sent to a serving engine
 (`completions.py`) and how a response is sampled from the target (`sampling.py`); which tokens a drafter
-trains on (`loss_mask.py`); the error codes
-(`errors.py`); what a layer id means (`layers.py`); dtype and device names (`dtypes.py`); and what a
-checkpoint looks like on disk (`checkpoint_layout.py`).
+trains on (`loss_mask.py`) and the layouts its training samples take (`sample_formats.py`); the error
+codes (`errors.py`); what a layer id means (`layers.py`); dtype and device names (`dtypes.py`); a string
+option checked against its choices (`choices.py`); and what a checkpoint looks like on disk
+(`checkpoint_layout.py`).
 """
 
 from schemas.errors import ErrorBody, ErrorCode, ErrorDetail

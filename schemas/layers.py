@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BeforeValidator
+
+from schemas.choices import one_of
 
 LayerConvention = Literal["decoder_output_0based"]
 LAYER_CONVENTION: LayerConvention = "decoder_output_0based"
 # How a request may number layers: as the cache does, or as HF's `hidden_states` index (id + 1; index 0,
 # the embeddings, is not stored), the numbering speculators' and SpecForge's configs write.
 RequestLayerConvention = Literal["decoder_output_0based", "hf_index"]
+REQUEST_LAYER_CONVENTIONS: tuple[RequestLayerConvention, ...] = get_args(RequestLayerConvention)
 # How a checkpoint's layer ids may be read: layer input i is decoder output i - 1 (REFERENCE s.8).
 CheckpointLayerConvention = Literal["layer_input", "decoder_output_0based"]
+CHECKPOINT_LAYER_CONVENTIONS: tuple[CheckpointLayerConvention, ...] = get_args(CheckpointLayerConvention)
 
 _ASCII_INT = re.compile(r"-?[0-9]+")
 
@@ -58,8 +62,9 @@ def layer_list_problem(layers: Sequence[int], num_layers: int) -> str | None:
 
 def decoder_outputs(layers: Sequence[int], convention: RequestLayerConvention) -> list[int]:
     """Layer ids as the cache keeps them (0-based decoder outputs) from ids in `convention`: HF's
-    `hidden_states` index i is decoder output i - 1 (ValueError for index 0, the embeddings)."""
-    if convention == "decoder_output_0based":
+    `hidden_states` index i is decoder output i - 1 (ValueError for index 0, the embeddings, and for a
+    convention that is neither)."""
+    if one_of(convention, REQUEST_LAYER_CONVENTIONS, "layer_convention") == "decoder_output_0based":
         return list(layers)
     if any(i < 1 for i in layers):
         raise ValueError(f"hf_index layer ids count from 1 (0 is the embeddings, not stored), got {list(layers)}")

@@ -34,7 +34,6 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Literal
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -42,16 +41,18 @@ from torch.utils.data import IterableDataset, get_worker_info
 from cache_server.client.cache import CacheClient
 from cache_server.client.errors import NotReadyError
 from cache_server.client.results import HiddenResult, as_tensor
+from schemas.choices import one_of
 from schemas.hidden import FinalNormMode
 from schemas.layers import RequestLayerConvention, decoder_outputs, layer_list_problem
+from schemas.sample_formats import SAMPLE_FORMATS, SampleFormat
 
-SampleFormat = Literal["speculators", "specforge-eagle3", "specforge-dflash"]
 Sample = dict[str, torch.Tensor]
 
 
 class HiddenStatesDataset(IterableDataset[Sample]):
     """The prompts of a set (or the ids given), each yielded once per epoch as a training sample in
-    `format`, with the aux `layers` (in `layer_convention`) concatenated per token."""
+    `format`, with the aux `layers` (in `layer_convention`) concatenated per token; ValueError, before
+    the server is asked, for a format or convention outside their choices."""
 
     # keyword-only options, each named at the call
     def __init__(  # noqa: PLR0913
@@ -74,7 +75,8 @@ class HiddenStatesDataset(IterableDataset[Sample]):
             raise ValueError("name one of set_name or prompt_ids")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
-        self.server, self.token, self.format = server, token, format
+        self.server, self.token = server, token
+        self.format = one_of(format, SAMPLE_FORMATS, "format")
         self.aux = decoder_outputs(layers, layer_convention)
         self.rank, self.world_size, self.seed, self.prefetch, self.wait_s = rank, world_size, seed, prefetch, wait_s
         self.epoch = 0

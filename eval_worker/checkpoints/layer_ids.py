@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from eval_worker.errors import CheckpointRefused
-from schemas.layers import CheckpointLayerConvention, layer_list_problem
+from schemas.choices import one_of
+from schemas.layers import CHECKPOINT_LAYER_CONVENTIONS, CheckpointLayerConvention, layer_list_problem
 
 LayerIdsSource = Literal["checkpoint", "default", "inferred", "override", "family"]
 LayerConvention = CheckpointLayerConvention
@@ -33,8 +34,9 @@ def eagle3_default_layer_ids(num_target_layers: int) -> tuple[int, ...]:
 
 
 def to_decoder_outputs(ids: Sequence[int], convention: LayerConvention) -> tuple[int, ...]:
-    """Ids written in `convention` as the cache's decoder-output ids (layer input i = decoder output i-1)."""
-    if convention == "decoder_output_0based":
+    """Ids written in `convention` as the cache's decoder-output ids (layer input i = decoder output i-1);
+    ValueError for a convention that is neither."""
+    if one_of(convention, CHECKPOINT_LAYER_CONVENTIONS, "layer_convention") == "decoder_output_0based":
         return tuple(ids)
     if 0 in ids:
         raise CheckpointRefused(

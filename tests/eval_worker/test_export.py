@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import pytest
 import torch
@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.client import CacheClient
 from eval_worker.cli import main
-from eval_worker.cli_options import EXPORT_FORMATS
 from eval_worker.exit_codes import ExitCode
-from eval_worker.export import MANIFEST, ExportFormat
+from eval_worker.export import MANIFEST, ExportRequest, export
+from eval_worker.settings import ConnectionSettings
 from testing.peer_specforge import specforge_batches, specforge_dflash_steps
 from testing.servers import running_server
 
@@ -69,8 +69,14 @@ def _response_mask(tokens: torch.Tensor) -> list[int]:
     return [0] * len(PROMPTS[0]) + [1] * (len(tokens) - len(PROMPTS[0]))
 
 
-def test_the_cli_offers_every_format_the_export_writes() -> None:
-    assert get_args(ExportFormat) == EXPORT_FORMATS
+def test_a_format_that_is_no_specforge_file_is_refused_before_the_server_is_asked(tmp_path: Path) -> None:
+    # no server listens on port 9: the request is refused before any connection
+    settings = ConnectionSettings(server="http://127.0.0.1:9")
+    for fmt in ("speculators", "eagle3"):
+        request = ExportRequest(tmp_path / "out", fmt, "train", [1, 3, 4])  # type: ignore[arg-type]  # as a caller might
+        with pytest.raises(ValueError, match=f"format '{fmt}' is not one of: specforge-eagle3, specforge-dflash"):
+            export(request, settings)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

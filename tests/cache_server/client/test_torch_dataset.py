@@ -97,6 +97,24 @@ def test_hf_index_ids_are_decoder_outputs_one_below() -> None:
     assert decoder_outputs([1, 3, 4], "decoder_output_0based") == [1, 3, 4]
     with pytest.raises(ValueError, match="0 is the embeddings"):
         decoder_outputs([0, 3], "hf_index")
+    with pytest.raises(ValueError, match="layer_convention 'hf' is not one of: decoder_output_0based, hf_index"):
+        decoder_outputs([2, 4, 5], "hf")  # type: ignore[arg-type]  # as an untyped caller might
+
+
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        ({"format": "eagle3"}, "format 'eagle3' is not one of: speculators, specforge-eagle3, specforge-dflash"),
+        ({"format": "Speculators"}, "format 'Speculators' is not one of"),
+        ({"format": "speculators", "layer_convention": "hf"}, "layer_convention 'hf' is not one of"),
+    ],
+)
+def test_an_option_outside_its_choices_is_refused_before_the_server_is_asked(
+    options: dict[str, str], refusal: str
+) -> None:
+    # no server listens on port 9: the refusal comes before any connection
+    with pytest.raises(ValueError, match=refusal):
+        HiddenStatesDataset("http://127.0.0.1:9", layers=AUX, set_name="train", **options)  # type: ignore[arg-type]
 
 
 def test_the_last_layer_as_an_aux_layer_is_fetched_once_and_bad_ids_refused(served) -> None:  # type: ignore[no-untyped-def]
