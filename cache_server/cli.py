@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -122,10 +123,23 @@ def _prune(settings: PruneSettings) -> int:
             ids = SetRegistry(db, store.namespace).members(settings.set)
             if ids is None:
                 raise ValueError(f"no set named {settings.set!r} in namespace {store.namespace}")
+        if not settings.force:
+            _check_kept_for_jobs(db, store.namespace, keep, settings.usage_days)
         holds = PromptHolds(db, store.namespace, f"prune-{default_instance()}")
         result = prune(store, keep, ids, grace_s=settings.grace_s, leases=holds)
     print("\n".join(result.lines()))
     return 0
+
+
+def _check_kept_for_jobs(db: Database, namespace: str, keep: list[int], usage_days: float) -> None:
+    """ValueError naming the jobs (and their layers) that keeping only `keep` would take layers from."""
+    from cache_server.jobs.layer_usage import jobs_reading, keep_problem
+    from cache_server.jobs.queue import JobStore
+
+    readers = jobs_reading(JobStore(db), namespace, since=time.time() - usage_days * 86400)
+    problem = keep_problem(readers, keep)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 @contextmanager

@@ -63,6 +63,16 @@ class PruneSettings(BaseSettings):
         description="dropped layers' files are deleted this long after their manifests no longer "
         "list them, so that reads begun before finish",
     )
+    usage_days: float = Field(
+        default=30.0,
+        gt=0,
+        description="jobs done this many days back count as reading their layers, as GET /layers/usage?days= "
+        "counts them (queued and running jobs always count)",
+    )
+    force: bool = Field(
+        default=False,
+        description="drop layers that jobs read all the same (without it, prune refuses and names them)",
+    )
 
 
 class ServeSettings(BaseSettings):

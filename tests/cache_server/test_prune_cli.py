@@ -17,8 +17,10 @@ import pytest
 from cache_server.capture.tiny_model import build_tiny_model
 from cache_server.cli import main
 from cache_server.client import CacheClient
+from cache_server.jobs.queue import JobStore
 from testing.servers import running_server, server_metric
 from tests.cache_server.helpers import app_client, metric, register_ready
+from tests.cache_server.jobs_helpers import spec
 
 COMPUTED = "cache_server_prompts_computed_total"
 
@@ -73,6 +75,53 @@ def test_prune_refuses_what_it_cannot_do(tiny_target: Path, tmp_path: Path, caps
     assert "at least one layer" in capsys.readouterr().err
     assert main([*argv, "1", "--namespace", "other"]) == 2
     assert "name one namespace" in capsys.readouterr().err
+
+
+def test_prune_refuses_to_drop_layers_that_jobs_read(
+    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "store"
+    with app_client(tiny_target, store) as client:
+        [pid] = register_ready(client, [{"token_ids": list(range(3, 30))}])
+        namespace = client.get("/model").json()["fingerprint"]
+    now = [time.time()]
+    jobs = JobStore(store / "coordination.sqlite", now=lambda: now[0])
+    done: dict[str, str] = {}
+    for name, fingerprint, layers, days_ago in [
+        ("old", namespace, [4], 40),
+        ("other-target", "f" * 16, [5], 1),
+        ("dflash-a", namespace, [0, 2], 1),
+    ]:
+        now[0] = time.time() - days_ago * 86400
+        job = jobs.submit(spec(f"/ckpt/{name}"), checkpoint_relative=name, target_fingerprint=fingerprint)
+        leased = jobs.claim("w", lease_s=60)
+        assert leased is not None and leased.job.job_id == job.job_id
+        jobs.complete(job.job_id, leased.lease, json.dumps({"target_layer_ids": layers}))
+        done[name] = job.job_id
+    now[0] = time.time()
+    again = jobs.submit(spec("/ckpt/dflash-a"), checkpoint_relative="dflash-a", target_fingerprint=namespace)
+    unknown = jobs.submit(spec("/ckpt/eagle-b"), checkpoint_relative="eagle-b", target_fingerprint=namespace)
+    argv = ["prune", "--store", str(store), "--grace-s", "0", "--keep-layers"]
+
+    assert main([*argv, "1,3"]) == 2
+    err = capsys.readouterr().err
+    assert "--keep-layers 1,3 leaves out layers that jobs read" in err
+    assert f"dflash-a (job {done['dflash-a']}, done): layers [0, 2]" in err
+    assert f"dflash-a (job {again.job_id}, queued): layers [0, 2]" in err  # what its checkpoint read when done
+    assert f"eagle-b (job {unknown.job_id}, queued): layers not known until a worker loads it" in err
+    assert "old" not in err and "other-target" not in err  # done 40 days back; another target's
+    assert "--keep-layers 0,1,2,3" in err and "--force" in err
+    assert _layers(store, pid) == list(range(6))  # nothing dropped
+
+    assert main([*argv, "0,1,2,3", "--usage-days", "50"]) == 2  # the old job counts too, and eagle-b
+    err = capsys.readouterr().err
+    assert f"old (job {done['old']}, done): layers [4]" in err and "--keep-layers 0,1,2,3,4" in err
+    jobs.delete(unknown.job_id)
+    assert main([*argv, "0,1,2,3,5"]) == 0  # every layer that jobs read is kept
+    assert _layers(store, pid) == [0, 1, 2, 3, 5]
+    assert main([*argv, "1,3", "--force"]) == 0
+    assert _layers(store, pid) == [1, 3]
+    jobs.close()
 
 
 @pytest.fixture(scope="module")
