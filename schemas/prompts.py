@@ -258,13 +258,20 @@ class PromptPage(BaseModel):
 
 
 class SetCounts(BaseModel):
-    """One prompt set and how many of its prompts are in each status."""
+    """One prompt set and how many of its prompts are in each status; the pending ones split as
+    `queued + generating + capturing`."""
 
     name: str
     total: int
     pending: int
     ready: int
     failed: int
+    queued: int = Field(default=0, description="pending prompts no server has taken up yet")
+    generating: int = Field(
+        default=0,
+        description="pending prompts a server has taken up whose responses it is making (generated, then captured)",
+    )
+    capturing: int = Field(default=0, description="pending prompts a server is capturing, their tokens known")
     greedy_mismatches: int = Field(
         default=0, description="response tokens of its ready prompts that are not the target's greedy choice"
     )

@@ -17,6 +17,8 @@ from schemas.loss_mask import Spans
 from schemas.prompts import PromptPage, PromptState, PromptStatus, SetCounts, SetList
 from schemas.sampling import GREEDY
 
+PendingPhase = Literal["queued", "generating", "capturing"]
+
 
 class PromptStates:
     """Status reads over one namespace's registrations, sets, store and capture work."""
@@ -122,7 +124,9 @@ class PromptStates:
         out = []
         for name in self.sets.names():
             members = self.set_members(name)
-            statuses = Counter(self.status(p, captures) for p in members)
+            status_of = [(p, self.status(p, captures)) for p in members]
+            statuses = Counter(status for _, status in status_of)
+            phases = Counter(self._phase(p, captures) for p, status in status_of if status == PromptStatus.pending)
             manifests = [m for p in members if (m := self.store.manifest(p)) is not None]
             mismatches = [m.greedy_mismatches or 0 for m in manifests]
             outside = [m.outside_support or 0 for m in manifests]
@@ -134,6 +138,9 @@ class PromptStates:
                     pending=statuses[PromptStatus.pending],
                     ready=statuses[PromptStatus.ready],
                     failed=statuses[PromptStatus.failed],
+                    queued=phases["queued"],
+                    generating=phases["generating"],
+                    capturing=phases["capturing"],
                     greedy_mismatches=sum(mismatches),
                     prompts_not_greedy=sum(map(bool, mismatches)),
                     outside_support=sum(outside),
@@ -142,6 +149,16 @@ class PromptStates:
                 )
             )
         return SetList(sets=out)
+
+    def _phase(self, prompt_id: str, captures: dict[str, CaptureState]) -> PendingPhase:
+        """Where a pending prompt is: not taken up yet, its response being made (a server generates
+        it, then captures the prompt), or captured with its tokens known."""
+        state = captures.get(prompt_id)
+        if state is None or state.status != "running":
+            return "queued"
+        reg = self.registry.get(prompt_id)
+        to_generate = reg is not None and reg.response_ids is None and reg.max_new_tokens is not None
+        return "generating" if to_generate else "capturing"
 
     def settings(self, prompts: Literal["all"] | Sequence[str], sets: Sequence[str]) -> set[str]:
         """The sampling settings of the responses a job selects (its prompt ids, or all / its sets' prompts)."""

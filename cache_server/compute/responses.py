@@ -4,17 +4,22 @@ a serving engine, while the scheduler captures the prompts already answered."""
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from cache_server.capture.hf_forward import HfForward
 from cache_server.capture.target import Target
+from cache_server.compute.progress import Progress
 from cache_server.compute.registry import Registration
 from cache_server.generation.engine import EngineClient, EngineRefused
 from cache_server.generation.engine_stage import EngineStage
 from cache_server.store.hidden_store import HiddenStore
 from schemas.prompts import GeneratorInfo
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -26,6 +31,7 @@ class ComputeTask:
     layers: set[int]
     sequence: list[int] | None = None
     generator: GeneratorInfo | None = None
+    asked_at: float = 0.0  # when its response was asked of an engine (time.monotonic)
 
     @property
     def tokens(self) -> int:
@@ -61,6 +67,7 @@ class Responses:
         self._at_engine: dict[str, ComputeTask] = {}
         self.generator = engine.engine.info if engine is not None else GeneratorInfo(kind="hf")
         self.slots = concurrency if engine is not None else generate_batch  # generations at once
+        self._progress = Progress("generated", "responses")
         self._engine = None
         if engine is not None:
             self._engine = EngineStage(engine, answered=self._answered, refused=self._refused, on_error=on_engine_error)
@@ -105,6 +112,7 @@ class Responses:
             else:
                 self._in_process.append(task)
         if task.sequence is None and self._engine is not None:
+            task.asked_at = time.monotonic()
             self._engine.submit(reg.prompt_id, reg.prompt_ids, reg.max_new_tokens or 0, reg.sampling)
 
     def generate_in_process(self) -> None:
@@ -113,6 +121,8 @@ class Responses:
         sampled ones one at a time (`HfForward.sample`: a seed's response never depends on its batch)."""
         with self._lock:
             waiting, self._in_process = self._in_process, []
+        longest = max(t.reg.max_new_tokens or 0 for t in waiting) if waiting else 0
+        log.info("generating %d responses (up to %d new tokens each) on the target", len(waiting), longest)
         groups: dict[int, list[ComputeTask]] = {}
         for task in sorted(waiting, key=lambda t: t.reg.prompt_len):
             if task.reg.sampling is not None:
@@ -120,12 +130,14 @@ class Responses:
                 continue
             groups.setdefault(task.reg.max_new_tokens or 0, []).append(task)
         for max_new, tasks in groups.items():
+            began = time.monotonic()
             try:
                 responses = self._forward().generate([t.reg.prompt_ids for t in tasks], max_new)
             except Exception as e:
                 for task in tasks:
                     self._fail(task.reg.prompt_id, e)
                 continue
+            self._progress.done(len(tasks), sum(map(len, responses)), began)
             for task, response in zip(tasks, responses, strict=True):
                 task.sequence, task.generator = [*task.reg.prompt_ids, *response], self.generator
             with self._lock:
@@ -134,11 +146,13 @@ class Responses:
     def _sample_in_process(self, task: ComputeTask) -> None:
         reg = task.reg
         assert reg.sampling is not None  # the caller's check
+        began = time.monotonic()
         try:
             response = self._forward().sample(reg.prompt_ids, reg.max_new_tokens or 0, reg.sampling)
         except Exception as e:
             self._fail(reg.prompt_id, e)
             return
+        self._progress.done(1, len(response), began)
         task.sequence, task.generator = [*reg.prompt_ids, *response], self.generator
         with self._lock:
             self._ready.append(task)
@@ -183,6 +197,7 @@ class Responses:
         except Exception as e:
             self._fail(pid, e)
             return
+        self._progress.done(1, len(response), task.asked_at)
         task.sequence, task.generator = [*task.reg.prompt_ids, *response], self.generator
         with self._lock:
             self._ready.append(task)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import MappingProxyType
@@ -84,7 +85,7 @@ class Scheduler:
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store-writer")
         self._thread = threading.Thread(target=self._compute_loop, name="target-compute", daemon=True)
         self._renewer = threading.Thread(target=self._renew_loop, name="capture-leases", daemon=True)
-        self._progress = Progress()
+        self._progress = Progress("computed", "prompts")
 
     def start(self) -> None:
         """Start computing and renewing leases."""
@@ -222,6 +223,7 @@ class Scheduler:
     def _run_batch(self, batch: list[ComputeTask]) -> None:
         seqs, regs = [task.sequence or [] for task in batch], [task.reg for task in batch]
         layers = sorted(set().union(*(task.layers for task in batch)))
+        began = time.monotonic()
         try:
             with self.metrics.compute_seconds.time():
                 lens, samplings = [r.prompt_len for r in regs], [r.sampling for r in regs]
@@ -233,7 +235,7 @@ class Scheduler:
             for task in batch:
                 self._fail(task.reg.prompt_id, e)
             return
-        self._progress.computed(len(batch))
+        self._progress.done(len(batch), sum(map(len, seqs)), began)
         for task, seq, out in zip(batch, seqs, outputs, strict=True):
             if isinstance(out, Exception):
                 self._fail(task.reg.prompt_id, out)  # this sequence alone (a wrong engine file, say)

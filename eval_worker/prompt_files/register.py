@@ -15,7 +15,7 @@ from typing import Any, Literal
 from cache_server.client import CacheClient
 from eval_worker.prompt_files.records import BadRow, Row, prompt_of, read_rows, whole_chat_of
 from schemas.plan import StoragePlan
-from schemas.prompts import GenerateSpec, PromptStatus
+from schemas.prompts import GenerateSpec, PromptStatus, SetCounts
 
 log = logging.getLogger(__name__)
 BATCH = 10000  # prompts per POST /prompts (the server's limit; each request is all or nothing)
@@ -184,9 +184,16 @@ def _register(client: CacheClient, specs: list[dict[str, Any]], generate: Genera
     return ids
 
 
+def _pending_line(counts: SetCounts) -> str:
+    """`4 generating, 1 capturing, 1 queued, 2 failed`: the counts that are not 0."""
+    parts = [("generating", counts.generating), ("capturing", counts.capturing), ("queued", counts.queued)]
+    return ", ".join(f"{n} {what}" for what, n in [*parts, ("failed", counts.failed)] if n)
+
+
 def wait_with_progress(client: CacheClient, set_name: str, timeout_s: float, poll_s: float = 1.0) -> None:
-    """A tqdm bar of the set's ready prompts, with pending and failed beside it, from the server's counts
-    (one `GET /sets` per poll); TimeoutError past `timeout_s`."""
+    """A tqdm bar of the set's ready prompts, with the pending ones beside it by where they are (queued,
+    their responses being generated, being captured) and the failed ones, from the server's counts (one
+    `GET /sets` per poll); TimeoutError past `timeout_s`."""
     from tqdm import tqdm
 
     deadline = time.monotonic() + timeout_s
@@ -195,7 +202,7 @@ def wait_with_progress(client: CacheClient, set_name: str, timeout_s: float, pol
             counts = next(s for s in client.sets().sets if s.name == set_name)
             bar.total = counts.total
             bar.update(counts.ready - bar.n)
-            bar.set_postfix(pending=counts.pending, failed=counts.failed)
+            bar.set_postfix_str(_pending_line(counts))
             if counts.pending == 0:
                 break
             if time.monotonic() > deadline:

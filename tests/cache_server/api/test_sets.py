@@ -47,11 +47,13 @@ def test_registrations_record_sets_template_and_thinking(tiny_target: Path, tmp_
         sets = {s["name"]: s for s in client.get("/sets").json()["sets"]}
         # no response: nothing to disagree with
         GREEDY = {"greedy_mismatches": 0, "prompts_not_greedy": 0, "outside_support": 0, "prompts_outside_support": 0}
+        NONE_PENDING = {"queued": 0, "generating": 0, "capturing": 0}
         assert sets == {
             "both": {
                 "name": "both",
                 "total": 2,
                 "pending": 0,
+                **NONE_PENDING,
                 "ready": 2,
                 "failed": 0,
                 **GREEDY,
@@ -61,6 +63,7 @@ def test_registrations_record_sets_template_and_thinking(tiny_target: Path, tmp_
                 "name": "gsm8k",
                 "total": 2,
                 "pending": 0,
+                **NONE_PENDING,
                 "ready": 2,
                 "failed": 0,
                 **GREEDY,
@@ -70,6 +73,7 @@ def test_registrations_record_sets_template_and_thinking(tiny_target: Path, tmp_
                 "name": "humaneval",
                 "total": 1,
                 "pending": 0,
+                **NONE_PENDING,
                 "ready": 1,
                 "failed": 0,
                 **GREEDY,
