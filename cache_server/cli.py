@@ -11,24 +11,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings, CliSettingsSource
 
+from cache_server.cli_source import settings_from
 from cache_server.settings import PlanSettings, PruneSettings, ServeSettings, TinyModelSettings
 
 if TYPE_CHECKING:  # the commands import what they need when they run: `--help` loads no torch
     from cache_server.coordination.database import Database
     from cache_server.store.hidden_store import HiddenStore
-
-S = TypeVar("S", bound=BaseSettings)
-
-
-def _settings_from(parser: argparse.ArgumentParser, cls: type[S]) -> Callable[[argparse.Namespace], S]:
-    """Add `cls`'s fields to `parser` as options; returns how to build the settings from parsed args."""
-    source: CliSettingsSource[S] = CliSettingsSource(cls, root_parser=parser)
-    return lambda args: cls(_cli_settings_source=source(parsed_args=args))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,13 +32,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     tiny = sub.add_parser("tiny-model", help="write a small random Qwen3-architecture target with a tokenizer")
     tiny.add_argument("dir", type=Path)
-    tiny.set_defaults(build_settings=_settings_from(tiny, TinyModelSettings))
+    tiny.set_defaults(build_settings=settings_from(tiny, TinyModelSettings))
     plan = sub.add_parser("plan", help="what a capture would store, before it starts (no server needed)")
-    plan.set_defaults(build_settings=_settings_from(plan, PlanSettings))
+    plan.set_defaults(build_settings=settings_from(plan, PlanSettings))
     prune = sub.add_parser("prune", help="drop stored layers outside a set (beside running servers)")
-    prune.set_defaults(build_settings=_settings_from(prune, PruneSettings))
+    prune.set_defaults(build_settings=settings_from(prune, PruneSettings))
     serve = sub.add_parser("serve", help="serve hidden states over HTTP")
-    serve.set_defaults(build_settings=_settings_from(serve, ServeSettings))
+    serve.set_defaults(build_settings=settings_from(serve, ServeSettings))
     return p
 
 

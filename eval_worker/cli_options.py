@@ -8,10 +8,11 @@ import argparse
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic_settings import BaseSettings, CliSettingsSource
+from pydantic_settings import BaseSettings
 
+from cache_server.cli_source import settings_from
 from schemas.eval_spec import (
     FAMILY_OPTIONS,
     FAMILY_TITLES,
@@ -26,7 +27,6 @@ from schemas.sampling import DRAFT_SAMPLING
 from schemas.trees import EagleTreeShape
 
 Command = Callable[[argparse.Namespace, Any], int]
-S = TypeVar("S", bound=BaseSettings)
 # The flags that fill a family's options block, by the field of the block each sets.
 FAMILY_FLAGS = {
     "tree_budgets": "--tree-budget",
@@ -232,12 +232,6 @@ def sampling_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
     p.add_argument("--samples", type=int, default=1, help="responses per prompt, sample i seeded seed + i (default 1)")
 
 
-def _settings_from(parser: argparse.ArgumentParser, cls: type[S]) -> Callable[[argparse.Namespace], S]:
-    """Add `cls`'s fields to `parser` as options; returns how to build the settings from parsed args."""
-    source: CliSettingsSource[S] = CliSettingsSource(cls, root_parser=parser)
-    return lambda args: cls(_cli_settings_source=source(parsed_args=args))
-
-
 def config_args(p: argparse.ArgumentParser) -> None:
     """What a user supplies beside a checkpoint whose own config lacks it, or says more than it should."""
     p.add_argument(
@@ -267,6 +261,6 @@ def command(
         p.add_argument(positional, type=Path)
     build: Callable[[argparse.Namespace], Any] = lambda _: None  # noqa: E731
     if settings is not None:
-        build = _settings_from(p, settings)
+        build = settings_from(p, settings)
     p.set_defaults(func=func, build_settings=build)
     return p

@@ -9,9 +9,11 @@ server's own OpenAPI document, the error codes from `ErrorCode` and the exit cod
 from __future__ import annotations
 
 import argparse
+import html
 import inspect
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +29,11 @@ HELP_WIDTH = "100"  # argparse wraps to $COLUMNS: fixed, so that the pages do no
 
 
 def _cell(text: object) -> str:
-    """Text fit for one markdown table cell."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Text fit for one markdown table cell: on one line; outside code spans `<`, `>` and `&` escaped (else
+    `<OPTION>` reads as an HTML tag and vanishes) and `|` escaped (else it splits the cell); inside them
+    left as they are (Python-Markdown's tables split no code span, and would show `\\|` as typed)."""
+    parts = re.split(r"(`[^`]*`)", " ".join(str(text).split()))
+    return "".join(p if p.startswith("`") else html.escape(p, quote=False).replace("|", "\\|") for p in parts)
 
 
 def _code(text: object) -> str:
@@ -68,9 +73,16 @@ def _help(action: argparse.Action) -> str:
     if action.choices and "{" not in _option_name(action):
         text += f" (one of {', '.join(map(str, action.choices))})"
     default = action.default
-    if default not in (None, argparse.SUPPRESS, False, []) and action.nargs != 0 and "(default" not in text:
+    if default not in (None, argparse.SUPPRESS, False, []) and action.nargs != 0 and not _says_default(text, default):
         text += f" (default: {','.join(map(str, default)) if isinstance(default, list) else default})"
     return _cell(text)
+
+
+def _says_default(text: str, default: object) -> bool:
+    """Whether an option's help already states its default: `(default ...)`, or the value alone in
+    parentheses (`seconds between looks (10)` for 10.0)."""
+    values = {str(default)} | ({f"{default:g}"} if isinstance(default, float) else set())
+    return "(default" in text or any(f"({v})" in text for v in values)
 
 
 def _options_table(parser: argparse.ArgumentParser) -> list[str]:
