@@ -25,6 +25,7 @@ import pytest
 
 from testing.browser import CHROMIUM, headless
 from testing.reference_pages import REFERENCE, ROOT, pages
+from testing.tutorials import on_port, shell_blocks
 
 README = ROOT / "README.md"
 README_MAX_LINES = 250
@@ -198,6 +199,23 @@ def test_no_code_block_scrolls_sideways_at_a_laptops_width(site: Path) -> None:
     result = json.loads(html.unescape(match.group(1)))
     assert result["checked"] == len(paths) > 15
     assert not result["found"], result["found"]
+
+
+@pytest.mark.parametrize("page", sorted((DOCS / "tutorials").glob("*.md")), ids=lambda p: p.name)
+def test_each_tutorial_is_blocks_its_test_can_run(page: Path) -> None:
+    """The quick side of `tests/test_tutorials.py`: every marker is on a bash block, the server starts in
+    the background before anything asks it, and every port is one the test can move."""
+    blocks = shell_blocks(page)
+    hows = [b.how for b in blocks if b.how != "skip"]
+    assert hows.count("background") == 1 and hows.index("background") <= 1 and hows.count("run") >= 3
+    assert all(on_port(b.text, 1) for b in blocks if b.how != "skip")
+
+
+def test_a_tutorial_marker_off_a_bash_block_is_refused(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("<!-- tutorial: background -->\n```text\nserve\n```\n")
+    with pytest.raises(ValueError, match="not followed by a bash block"):
+        shell_blocks(page)
 
 
 def test_the_readme_is_an_entry_not_the_manual() -> None:
