@@ -64,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plan(settings: PlanSettings) -> int:
+    from cache_server.capture.model_dir import check_model_dir
+
+    check_model_dir(settings.model)  # as `serve` does, before transformers: one line, no model-hub lookup
     from transformers import AutoConfig
 
     from cache_server.settings import capture_layer_ids
@@ -161,7 +164,7 @@ def _tiny_model(out_dir: Path, tiny: TinyModelSettings) -> int:
 
 def _check_startable(settings: ServeSettings) -> None:
     """Fail before the server starts, with one line, on what would otherwise be a startup traceback."""
-    from cache_server.capture.target import check_model_dir
+    from cache_server.capture.model_dir import check_model_dir
     from cache_server.coordination.database import database_url
     from cache_server.torch_utils import resolve_device
 

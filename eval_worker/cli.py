@@ -279,30 +279,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress bar
-    from cache_server.client import ApiError, ProtocolError, ServerUnreachable
-    from eval_worker.errors import CheckpointRefused, FeatureMismatch
-    from eval_worker.parity.engine import EngineNotFit
-
     try:
         _check_spec(args)
         return int(args.func(args, args.build_settings(args)))
-    except CheckpointRefused as e:
+    except Exception as e:
+        code = _stopped(e, args.command)
+        if code is None:
+            raise
+        return code
+
+
+def _stopped(e: Exception, command: str) -> int | None:
+    """The exit code of an error a command stops with, once its one line is on stderr; None for a bug.
+    The error classes are imported here, once one is raised: `--help` and `compare` load no client."""
+    from cache_server.client import ApiError, ProtocolError, ServerUnreachable, UnauthorizedError
+    from eval_worker.errors import CheckpointRefused, FeatureMismatch
+    from eval_worker.parity.engine import EngineNotFit
+
+    if isinstance(e, CheckpointRefused):
         print(f"eval-worker: checkpoint refused: {e}", file=sys.stderr)
         return ExitCode.refused
-    except (ServerUnreachable, EngineNotFit, ApiError, ProtocolError, FeatureMismatch, TimeoutError) as e:
+    if isinstance(e, UnauthorizedError):
+        print(f"eval-worker: {e}; give the server's token with --token or EVAL_WORKER_TOKEN", file=sys.stderr)
+        return ExitCode.server
+    if isinstance(e, ServerUnreachable | EngineNotFit | ApiError | ProtocolError | FeatureMismatch | TimeoutError):
         print(f"eval-worker: {e}", file=sys.stderr)
         if isinstance(e, ServerUnreachable | EngineNotFit):
             return ExitCode.unreachable if isinstance(e, ServerUnreachable) else ExitCode.engine
         return ExitCode.server
-    except ValueError as e:  # pydantic's ValidationError too, as one line
+    if isinstance(e, ValueError):  # pydantic's ValidationError too, as one line
         print(f"eval-worker: {validation_message(e) if isinstance(e, ValidationError) else e}", file=sys.stderr)
         return ExitCode.usage
-    except ModuleNotFoundError as e:  # the light install runs submit, watch and compare only
+    if isinstance(e, ModuleNotFoundError):  # the light install runs submit, watch and compare only
         extra = {"matplotlib": "plot", "datasets": "prompts", "tensorboard": "tensorboard", "transformers": "mtp"}.get(
             (e.name or "").split(".")[0], "worker"
         )
-        print(f"eval-worker {args.command} needs {e.name}: pip install 'hidden-state-cache[{extra}]'", file=sys.stderr)
+        print(f"eval-worker {command} needs {e.name}: pip install 'hidden-state-cache[{extra}]'", file=sys.stderr)
         return ExitCode.usage
+    return None
 
 
 if __name__ == "__main__":

@@ -207,13 +207,14 @@ def _write_finished(jobs: JobsClient, board: TensorBoardLog, run: Path, relative
 
 def compare(args: argparse.Namespace, settings: LookupSettings) -> int:
     """Print reports side by side by step; with --plot, draw tau vs step and the acceptance curve."""
-    from cache_server.client import JobsClient
     from eval_worker.reports.compare import compare_table
     from schemas.jobs import JobStatus
     from schemas.report import EvalReport
 
     reports = [EvalReport.model_validate_json(Path(p).read_text()) for p in args.reports]
     if settings.server:
+        from cache_server.client import JobsClient  # report files alone need no client
+
         with connect(settings) as client:
             jobs = JobsClient(client)
             reports += [jobs.report(j.job_id) for j in jobs.jobs(JobStatus.done)]

@@ -15,6 +15,7 @@ from cache_server.capture.captured import Capturer
 from cache_server.capture.fingerprint import target_fingerprint
 from cache_server.capture.heads import Heads
 from cache_server.capture.hf_forward import HfForward
+from cache_server.capture.model_dir import check_model_dir
 from cache_server.capture.tokenizer import PromptTokenizer
 from cache_server.torch_utils import resolve_device, resolve_dtype
 from schemas.model import TargetDescription
@@ -60,12 +61,6 @@ class Target:
     heads: Heads
     capturer: Capturer
     forward: HfForward | None
-
-
-def check_model_dir(model_dir: Path) -> None:
-    """FileNotFoundError unless `model_dir` is a Hugging Face model directory."""
-    if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"--model {model_dir} is not a Hugging Face model directory (no config.json)")
 
 
 def target_info(model_dir: Path, shape: ModelShape, capturer: Capturer, storage: StorageName) -> TargetDescription:

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 
 from cache_server.capture.heads import Heads
-from cache_server.capture.target import ModelShape, Target, check_model_dir, target_info
+from cache_server.capture.model_dir import check_model_dir
+from cache_server.capture.target import ModelShape, Target, target_info
 from cache_server.generation.capture_files import CaptureFileError, EngineLaunch, take_capture_file
 from cache_server.generation.engine import Engine, EngineError, EngineUnfit, generate_once
 from cache_server.generation.engine_capture import EngineCapturer, prefill

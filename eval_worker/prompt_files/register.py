@@ -10,12 +10,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from cache_server.client import CacheClient
 from eval_worker.prompt_files.records import BadRow, Row, prompt_of, read_rows, whole_chat_of
 from schemas.plan import StoragePlan
 from schemas.prompts import GenerateSpec, PromptStatus, SetCounts
+
+if TYPE_CHECKING:  # `eval-worker prompts add --help` reads this module's defaults: it loads no client
+    from cache_server.client import CacheClient
 
 log = logging.getLogger(__name__)
 BATCH = 10000  # prompts per POST /prompts (the server's limit; each request is all or nothing)

@@ -1,4 +1,5 @@
-"""`cache-server tiny-model` writes a model that plain transformers loads offline."""
+"""`cache-server`'s command line: `tiny-model` writes a model that plain transformers loads offline, bad
+options are one line, and `--help` loads nothing heavy."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cache_server.cli import main
+from testing.imports import heavy_modules_loaded
 
 
 def test_tiny_model_loads_with_auto_classes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,3 +65,11 @@ def test_engine_capture_with_no_engine_stops_the_start_with_one_line(
     engine = ["--capture", "engine", "--generator", "http://127.0.0.1:9/v1", "--engine-files", str(tmp_path)]
     assert main(["serve", "--model", str(tiny_target), "--store", str(tmp_path / "s"), *engine]) == 2
     assert "cache-server: --generator http://127.0.0.1:9: GET /v1/models failed" in capsys.readouterr().err
+
+
+def test_help_of_every_command_loads_no_heavy_module() -> None:
+    code = "import argparse\nfrom cache_server.cli import _parser\nparser = _parser()\n"
+    code += "commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)][0].choices\n"
+    code += "assert sorted(commands) == ['plan', 'prune', 'serve', 'tiny-model']\n"
+    code += "[sub.format_help() for sub in commands.values()]\nparser.parse_args(['serve', '--help'])\n"
+    assert heavy_modules_loaded(code) == []

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cache_server.cli import main
+from testing.imports import heavy_modules_loaded
 from tests.cache_server.helpers import app_client, error_message, register_ready
 
 
@@ -76,6 +77,20 @@ def test_the_offline_plan_reads_the_config_alone(tiny_target: Path, capsys: pyte
     assert lines["target"].endswith("stored as float8_e4m3fn + per-token scales")
     assert lines["per token"].startswith(f"{hidden + 4} B per layer")
     assert lines["all layers"].endswith(f"({math.ceil(1000 * 2500 * (hidden + 4) * layers / 1.16)} bytes)")
+
+
+def test_a_wrong_model_path_is_the_one_line_serve_gives_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wrong = tmp_path / "wrong-path"
+    argv = ["plan", "--model", str(wrong), "--prompts", "10", "--tokens", "100"]
+    assert main(argv) == 2
+    assert (
+        capsys.readouterr().err
+        == f"cache-server: --model {wrong} is not a Hugging Face model directory (no config.json)\n"
+    )
+    # refused before transformers is imported: nothing asks the model hub
+    assert heavy_modules_loaded(f"from cache_server.cli import main\nassert main({argv!r}) == 2") == []
 
 
 @pytest.fixture
