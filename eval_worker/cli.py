@@ -258,11 +258,14 @@ def _export(args: argparse.Namespace, settings: ConnectionSettings) -> int:
 def _check_spec(args: argparse.Namespace) -> None:
     """The options as `EvalSpec` checks them for `POST /jobs` too (ValidationError), before any server is
     asked: `args.family_flags` (each family's block checked), and for `submit` and `watch`, which load
-    no checkpoint, the one block the flags mean (ValueError when it is not clear which)."""
+    no checkpoint, the one block the flags mean (`submit`: the checkpoint's family's where it reads here;
+    ValueError when it is not clear which)."""
     if not hasattr(args, "mask_token_id"):
         return
     args.family_flags = FamilyFlags.of(args)
     eval_spec(args)
+    if args.command == "submit":
+        args.family_flags = commands.with_checkpoint_family(args.family_flags, args.checkpoint, args.config)
     if args.command in ("submit", "watch"):
         args.family_flags.block()
 
@@ -300,7 +303,8 @@ def _stopped(e: Exception, command: str) -> int | None:
         print(f"eval-worker: checkpoint refused: {e}", file=sys.stderr)
         return ExitCode.refused
     if isinstance(e, UnauthorizedError):
-        print(f"eval-worker: {e}; give the server's token with --token or EVAL_WORKER_TOKEN", file=sys.stderr)
+        hint = "give eval-worker the server's token (its CACHE_SERVER_TOKEN) as EVAL_WORKER_TOKEN or --token"
+        print(f"eval-worker: {e}; {hint}", file=sys.stderr)
         return ExitCode.server
     if isinstance(e, ServerUnreachable | EngineNotFit | ApiError | ProtocolError | FeatureMismatch | TimeoutError):
         print(f"eval-worker: {e}", file=sys.stderr)

@@ -45,10 +45,12 @@ def _titles(families: Iterable[DrafterFamilyName]) -> str:
 @dataclass(frozen=True)
 class FamilyFlags:
     """The family options given on the command line (block field -> value) and --family: which block they
-    fill is the checkpoint's family's (`evaluate`), else --family's, else the one family all of them fit."""
+    fill is the checkpoint's family's (`evaluate`; `submit` where it reads the checkpoint here: `read`),
+    else --family's, else the one family all of them fit."""
 
     given: dict[str, Any]
     family: DrafterFamilyName | None = None
+    read: DrafterFamilyName | None = None
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> FamilyFlags:
@@ -85,7 +87,10 @@ class FamilyFlags:
             return self.blocks()[self.family]
         if not self.given:
             return None
-        fits = [f for f in FAMILY_OPTIONS if all(f in families_reading(k) for k in self.given)]
+        if self.read is not None:  # as `evaluate` fills them: a flag the checkpoint's family does not read is refused
+            self.check_used({self.read})
+            return self.blocks()[self.read]
+        fits = self.fits()
         flags = " and ".join(FAMILY_FLAGS[k] for k in self.given)
         if not fits:
             owners = sorted({o for k in self.given for o in families_reading(k)}, key=list(FAMILY_OPTIONS).index)
@@ -96,6 +101,10 @@ class FamilyFlags:
             verb = "apply" if len(self.given) > 1 else "applies"
             raise ValueError(f"{flags} {verb} to {_titles(fits)} drafters: say which with --family")
         return self._build(fits[0])
+
+    def fits(self) -> list[DrafterFamilyName]:
+        """The families that read every flag given."""
+        return [f for f in FAMILY_OPTIONS if all(f in families_reading(k) for k in self.given)]
 
     def check_used(self, families: Collection[str]) -> None:
         """ValueError for a flag that applies to none of `families` (the checkpoints'): refused, not ignored."""
@@ -149,7 +158,8 @@ def job_options(p: argparse.ArgumentParser) -> None:
         "--family",
         choices=list(FAMILY_OPTIONS),
         help="the drafter family the options below are for (a checkpoint of another is refused); "
-        "needed where they fit several (--steps: EAGLE-3 and MTP)",
+        "needed where they fit several (--steps: EAGLE-3 and MTP) and the checkpoint is not read here "
+        "(watch; submit of a path only the server sees)",
     )
     p.add_argument(
         "--tree-budget",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import signal
 import threading
@@ -117,6 +118,19 @@ def _job_spec(args: argparse.Namespace, root: Path | None) -> EvalSpec:
     """The job's spec: the one block the flags mean, and --config as the server should see it."""
     config = _job_path(args.config, root, "config") if args.config is not None else None
     return eval_spec(args, args.family_flags.block(), config)
+
+
+def with_checkpoint_family(flags: FamilyFlags, path: Path, config: Path | None) -> FamilyFlags:
+    """`submit`'s flags, with the checkpoint's family where they fit several and no --family says which,
+    read as `evaluate` reads it when this machine can: else as given (their block then asks for --family)."""
+    if flags.family is not None or not flags.given or len(flags.fits()) < 2 or not path.exists():
+        return flags  # a path that does not exist here is one only the server sees
+    try:
+        from eval_worker.checkpoints.raw import read_raw
+        from eval_worker.families import family_of
+    except ModuleNotFoundError:  # the light install reads no checkpoint
+        return flags
+    return dataclasses.replace(flags, read=family_of(read_raw(path, config).config).name)
 
 
 def _submit(jobs: JobsClient, spec: EvalSpec, path: str, prompts: Any = "all") -> JobState:

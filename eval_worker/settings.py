@@ -34,7 +34,9 @@ class ConnectionSettings(BaseSettings):
         description="cache server URL; several, comma-separated, for servers sharing one store: feature "
         "requests are spread over them, everything else goes to the first",
     )
-    token: CliSuppress[str | None] = Field(default=None, description="bearer token for the server's writes")
+    token: str | None = Field(
+        default=None, description="the server's bearer token, for its writes (prefer EVAL_WORKER_TOKEN: ps shows argv)"
+    )
     timeout_s: CliSuppress[float] = Field(default=600.0, gt=0, description="how long to wait for pending prompts")
 
     @field_validator("token")
@@ -87,8 +89,10 @@ class EvaluateSettings(ConnectionSettings):
     feature_cache_on_device: bool = Field(
         default=False, description="keep resident features on the drafter's device instead of host RAM"
     )
-    heads_cache: CliSuppress[Path | None] = Field(
-        default=None, description="directory of cached target heads (default ~/.cache/hidden-state-cache/heads)"
+    heads_cache: Path | None = Field(
+        default=None,
+        description="directory of the target's heads kept between runs, shared by workers "
+        "(default ~/.cache/hidden-state-cache/heads)",
     )
 
 

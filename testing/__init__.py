@@ -23,5 +23,6 @@ they are checked against. Not installed with the package; run from the repositor
   (`crash_states.py`), each S3 write faulted in turn (`s3_faults.py`), and the workloads and what a
   store must show after a crash (`store_check.py`).
 - The docs site's reference pages, generated from the parsers, settings, OpenAPI document and error
-  and exit codes (`reference_pages.py`), and its tutorials' shell blocks, run as written (`tutorials.py`).
+  and exit codes (`reference_pages.py`), its tutorials' shell blocks, run as written (`tutorials.py`), and the
+  heavy modules a command line loads (`imports.py`).
 """

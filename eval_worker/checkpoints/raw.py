@@ -145,7 +145,7 @@ def _read_torch_dict(path: Path, config_path: Path | None) -> RawCheckpoint:
     elif isinstance(obj.get("config"), Mapping):
         config = dict(obj["config"])
     else:
-        raise CheckpointRefused(f"{path} carries no 'config' dict; pass the drafter's config.json path")
+        raise CheckpointRefused(f"{path} carries no 'config' dict; pass the drafter's config.json path with --config")
     step, epoch = obj.get("global_step"), obj.get("epoch")
     return RawCheckpoint(
         "torch_dict",

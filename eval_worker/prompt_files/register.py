@@ -83,7 +83,7 @@ def collect_rows(files: Sequence[Path], opts: AddOptions) -> tuple[list[Row], li
                 rows.append(read(record, path, i, opts.field))
             except BadRow as e:
                 if not opts.skip_bad:
-                    raise
+                    raise BadRow(f"{e} (--skip-bad skips such rows, listing them)") from None
                 skipped.append(str(e))
     if opts.shuffle_seed is not None:
         random.Random(opts.shuffle_seed).shuffle(rows)

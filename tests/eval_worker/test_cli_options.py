@@ -1,14 +1,20 @@
 """The family options of the command line fill the block of the family they are for: the checkpoint's
-for `evaluate`, else --family's, else the one family every flag fits; a flag is never ignored."""
+for `evaluate` (and `submit` where it reads the checkpoint here), else --family's, else the one family
+every flag fits; a flag is never ignored."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
+from transformers import AutoConfig
 
+from eval_worker.cli import _check_spec, _parser
 from eval_worker.cli_options import FamilyFlags, eval_spec, job_options
+from eval_worker.commands import _job_spec
 from schemas.eval_spec import DFlashOptions, Eagle3Options, EvalSpec, MtpOptions
+from testing.eagle3 import eagle3_config, random_eagle3, save_eagle3
 
 
 def _flags(*argv: str) -> tuple[FamilyFlags, argparse.Namespace]:
@@ -59,3 +65,21 @@ def test_the_rest_of_the_spec_and_its_config_path() -> None:
         inert_config_keys=["a", "b"],
         family_options=DFlashOptions(),
     )
+
+
+def _submitted(*argv: str) -> EvalSpec:
+    """The spec `eval-worker submit` sends with these arguments, checked as before any server is asked."""
+    args = _parser().parse_args(["submit", *argv])
+    _check_spec(args)
+    return _job_spec(args, None)
+
+
+def test_submit_fills_the_block_of_the_family_the_checkpoint_reads_here(tiny_target: Path, tmp_path: Path) -> None:
+    drafter = random_eagle3(eagle3_config(AutoConfig.from_pretrained(tiny_target)), 3)
+    torch_file = save_eagle3(tmp_path / "step_4.pt", drafter, "specforge", layer_ids=[1, 3, 5], global_step=4)
+    hf_dir = save_eagle3(tmp_path / "hf", drafter, "speculators", layer_ids=[1, 3, 5])
+    for checkpoint in (torch_file, hf_dir):  # --steps fits EAGLE-3 and MTP: the checkpoint says which, as in evaluate
+        assert _submitted(str(checkpoint), "--steps", "4").family_options == Eagle3Options(steps=4)
+    assert _submitted(str(hf_dir), "--family", "mtp", "--steps", "4").family_options == MtpOptions(steps=4)
+    with pytest.raises(ValueError, match="--steps applies to EAGLE-3 and MTP drafters: say which with --family"):
+        _submitted(str(tmp_path / "a-path-only-the-server-sees.pt"), "--steps", "4")

@@ -78,7 +78,9 @@ def test_torch_dict_with_step_epoch_and_embedded_config(tmp_path: Path) -> None:
 def test_torch_dict_without_config_needs_a_config_path(tmp_path: Path) -> None:
     drafter = random_drafter(small_config(), 3)
     path = save_torch_checkpoint(tmp_path / "ckpt.pt", drafter, global_step=5, epoch=0, include_config=False)
-    with pytest.raises(CheckpointRefused, match="no 'config'"):
+    with pytest.raises(
+        CheckpointRefused, match=r"carries no 'config' dict; pass the drafter's config\.json path with --config"
+    ):
         load_checkpoint(path, TARGET)
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(small_config().to_hf_dict("top_level")))

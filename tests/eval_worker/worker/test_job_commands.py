@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,3 +89,38 @@ def test_submit_outside_the_root_is_refused_with_a_message(
     assert "outside the checkpoint root" in capsys.readouterr().err
     assert main(["submit", str(outside), "--server", url, "--checkpoint-root", str(root)]) == ExitCode.usage
     assert "not under --checkpoint-root" in capsys.readouterr().err
+
+
+def test_the_jobs_page_flow_with_a_token(
+    tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/jobs.md as written: a server started with CACHE_SERVER_TOKEN; `eval-worker serve` and `submit`
+    given it as EVAL_WORKER_TOKEN (or --token); without it, exit 5 naming both."""
+    root = tmp_path / "runs"
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(tiny_drafter_config(AutoConfig.from_pretrained(tiny_target), [1, 3, 5]), 3)
+    checkpoint = save_torch_checkpoint(root / "v4" / "step_20.pt", drafter, global_step=20, epoch=0)
+    extra = ("--checkpoint-root", str(root), "--job-max-attempts", "3")
+    with running_server(tiny_target, tmp_path / "store", *extra, env={"CACHE_SERVER_TOKEN": "s3cret"}) as url:
+        with CacheClient(url, token="s3cret") as client:
+            client.wait_ready([p.prompt_id for p in client.register([{"token_ids": [5, 6, 7]}], max_new_tokens=12)])
+        monkeypatch.delenv("EVAL_WORKER_TOKEN", raising=False)
+        assert main(["submit", str(checkpoint), "--server", url]) == ExitCode.server
+        err = capsys.readouterr().err
+        assert err.startswith("eval-worker: 401 unauthorized: ") and err.count("\n") == 1
+        assert err.endswith(
+            "give eval-worker the server's token (its CACHE_SERVER_TOKEN) as EVAL_WORKER_TOKEN or --token\n"
+        )
+        serve = [sys.executable, "-m", "eval_worker.cli", "serve", "--server", url, "--poll-interval", "0.2"]
+        env = {"EVAL_WORKER_TOKEN": "s3cret", "EVAL_WORKER_DEVICE": "cpu", "EVAL_WORKER_HEADS_CACHE": str(tmp_path)}
+        with (tmp_path / "worker.log").open("ab") as log:
+            worker = subprocess.Popen(serve, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            monkeypatch.setenv("EVAL_WORKER_TOKEN", "s3cret")
+            assert main(["submit", str(checkpoint), "--server", url, "--tree-budget", "4", "--wait"]) == 0
+            assert "v4/step_20.pt" in capsys.readouterr().out
+            monkeypatch.delenv("EVAL_WORKER_TOKEN")
+            assert main(["submit", str(checkpoint), "--server", url, "--token", "s3cret"]) == 0  # queued: a write
+        finally:
+            worker.send_signal(signal.SIGTERM)  # finishes the job in hand, then exits 0
+            assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()[-3000:]
