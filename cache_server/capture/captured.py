@@ -41,7 +41,8 @@ class Capturer(Protocol):
 
     `capture` returns one entry per sequence: its `Captured`, or the exception that fails that
     sequence's prompt alone (a file the engine wrote wrong, say). Raising fails the whole batch, except
-    `EngineUnavailable`, which leaves its prompts pending until the engine is back."""
+    `EngineUnavailable`, which leaves its prompts pending until the engine is back (`CaptureLost`, a
+    file the engine never wrote, spends one of its prompt's capture attempts)."""
 
     info: CaptureInfo
     layers: frozenset[int] | None  # the layers it can capture; None: any

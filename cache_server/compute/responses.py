@@ -24,11 +24,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ComputeTask:
-    """One claimed prompt to run through the target, for `layers`; `sequence` (prompt + response) and
-    how its response was made, once known."""
+    """One claimed prompt to run through the target, for `layers`, on its `attempts`-th attempt (the
+    claim's, one more for each capture file the engine lost); `sequence` (prompt + response) and how
+    its response was made, once known."""
 
     reg: Registration
     layers: set[int]
+    attempts: int
     sequence: list[int] | None = None
     generator: GeneratorInfo | None = None
     asked_at: float = 0.0  # when its response was asked of an engine (time.monotonic)

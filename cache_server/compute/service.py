@@ -56,7 +56,9 @@ class HiddenStateService:
     """One target, its store and its scheduler: prompts in, stored layer sets out.
 
     `db` is the coordination database shared with the other servers on the store (default: SQLite
-    next to a local store); the service closes it. `instance` names this server among them."""
+    next to a local store); the service closes it. `instance` names this server among them.
+    `capture_attempts`: how often a prompt's capture is tried before it fails (a server dying under
+    it, its lease expiring; an engine answering without writing its capture file)."""
 
     # keyword-only settings, each named at its one call (build_service)
     def __init__(  # noqa: PLR0913
@@ -69,6 +71,7 @@ class HiddenStateService:
         db: Database | None = None,
         instance: str | None = None,
         capture_lease_s: float = 30.0,
+        capture_attempts: int = 10,
         batch_tokens: int = 8192,
         generate_batch: int = 16,
         engine: EngineClient | None = None,
@@ -84,7 +87,7 @@ class HiddenStateService:
         self.db = db if db is not None else Database(default_db_location(store))
         ns = store.namespace
         self.registry, self.sets = Registry(self.db, ns), SetRegistry(self.db, ns)
-        captures = CaptureQueue(self.db, ns, self.instance, lease_s=capture_lease_s)
+        captures = CaptureQueue(self.db, ns, self.instance, lease_s=capture_lease_s, max_attempts=capture_attempts)
         self.prompts = PromptStates(store, self.registry, self.sets, captures)
         metrics.watch_pending(self.prompts.pending_count)
         metrics.name_instance(self.instance)

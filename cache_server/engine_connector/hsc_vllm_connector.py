@@ -6,7 +6,9 @@ vLLM's stock `ExampleHiddenStatesConnector` copies through pinned memory on a CU
 on a CPU engine (`pin_memory=True requires a CUDA ... backend`): there this class copies synchronously.
 On CUDA it keeps the stock asynchronous path. Either way every file carries safetensors metadata saying
 how it was computed (aux ids, dtype, parallel sizes, vLLM version, model), so the reader can refuse a
-file that answers a different question than the one it asked.
+file that answers a different question than the one it asked, and appears whole or not at all (written
+beside, then renamed): an engine that dies while writing leaves no half file for the reader to refuse,
+only a missing one, which the reader asks for again once the engine is back.
 """
 
 from __future__ import annotations
@@ -80,9 +82,11 @@ class HiddenStatesConnector(ExampleHiddenStatesConnector):  # type: ignore[misc]
     def _save(self, tensors: dict[str, torch.Tensor], filename: str, lock_fd: int | None) -> None:
         try:
             dtype = str(tensors["hidden_states"].dtype).removeprefix("torch.")
-            save_file(tensors, filename, metadata={**self._metadata, "dtype": dtype})
+            partial = f"{filename}.partial"  # swept with the request's files if the engine dies now
+            save_file(tensors, partial, metadata={**self._metadata, "dtype": dtype})
             # safetensors creates the file 0600: the reader runs as another user in its own container.
-            os.chmod(filename, 0o644)
+            os.chmod(partial, 0o644)
+            os.replace(partial, filename)
         finally:
             if lock_fd is not None:
                 os.close(lock_fd)  # releases LOCK_EX: readers waiting on LOCK_SH wake up

@@ -1,5 +1,8 @@
 """The files a serving engine's hidden-states connector writes, one per request: read once its writer
-lets go of the lock, checked against the request, then deleted (the engine never deletes them).
+lets go of the lock, checked against the request, then deleted (the engine never deletes them). A
+file that is not there once the lock is free was never written (the engine died after answering, or
+its writer failed): CaptureFileMissing, the engine's failure; one that is there but wrong is the
+prompt's (CaptureFileError).
 
 A file holds `hidden_states [T, n_aux, H]` (the engine's dtype), `token_ids [T]` and, written by the
 project's connector (`cache_server/engine_connector`), `__metadata__` naming the aux layer ids (HF
@@ -27,7 +30,11 @@ FILE_FORMAT = "hsc-engine-capture/1"
 
 
 class CaptureFileError(Exception):
-    """The file the engine wrote for one sequence is missing, unreadable or not that sequence's: its prompt fails."""
+    """The file the engine wrote for one sequence is unreadable or not that sequence's: its prompt fails."""
+
+
+class CaptureFileMissing(CaptureFileError):
+    """No file where the engine's answer said: it was never written (the engine died first, or its writer failed)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,11 @@ def _read_checked(path: Path, token_ids: list[int], hidden_size: int) -> tuple[E
             launch = EngineLaunch.from_metadata(f.metadata(), path)
             hidden, ids = f.get_tensor("hidden_states"), f.get_tensor("token_ids")
     except (OSError, SafetensorError) as e:
+        if not path.exists():  # the writer let go of the lock (or never took it) without writing
+            raise CaptureFileMissing(
+                f"the engine answered, but wrote no capture file {path}: it died before writing it (or its "
+                "writer failed: see its log), or --engine-files is not the directory its connector writes"
+            ) from None
         raise CaptureFileError(f"the engine's capture file {path} could not be read: {e}") from None
     if ids.tolist() != token_ids:
         raise CaptureFileError(

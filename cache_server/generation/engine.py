@@ -5,6 +5,7 @@ Errors:
 
     EngineError
     ├── EngineUnavailable   unreachable, timed out, or a 5xx: try the same request again later
+    │   └── CaptureLost     it answered a prefill but never wrote its capture file: prefill it again
     ├── EngineRefused       the engine refused this one request (4xx): its prompt fails with the message
     └── EngineUnfit         at startup: no model, no token ids, or another model than the target
 """
@@ -31,6 +32,16 @@ class EngineError(Exception):
 
 class EngineUnavailable(EngineError):
     """The engine did not answer (connection, timeout) or answered 5xx: retry later."""
+
+
+class CaptureLost(EngineUnavailable):
+    """The engine answered the prefill of the batch's sequence `index` but wrote no file for it (it died
+    between the two, or its writer failed): the batch waits for the engine, that sequence's prompt
+    spending one of its capture attempts."""
+
+    def __init__(self, message: str, *, index: int) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 class EngineRefused(EngineError):

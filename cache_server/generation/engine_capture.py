@@ -17,12 +17,20 @@ from cache_server.capture.captured import Captured
 from cache_server.capture.heads import Heads
 from cache_server.generation.capture_files import (
     CaptureFileError,
+    CaptureFileMissing,
     EngineLaunch,
     sweep_capture_files,
     take_capture_file,
     written_file,
 )
-from cache_server.generation.engine import Engine, EngineError, EngineRefused, EngineUnavailable, error_message
+from cache_server.generation.engine import (
+    CaptureLost,
+    Engine,
+    EngineError,
+    EngineRefused,
+    EngineUnavailable,
+    error_message,
+)
 from schemas.sampling import SamplingParams
 
 
@@ -57,8 +65,9 @@ class EngineCapturer:
     """Captures the layers `launch` names, on the engine, through the files it writes under `files`.
 
     Sequences of a batch are sent together (up to `concurrency` in flight) so that the engine batches
-    them. An engine that does not answer raises EngineUnavailable (the batch waits for it); a refused
-    request or a wrong file fails its sequence alone."""
+    them. An engine that does not answer raises EngineUnavailable, and one that answers but writes no
+    file CaptureLost (either way the batch waits for it); a refused request or a wrong file fails its
+    sequence alone."""
 
     def __init__(
         self,
@@ -98,7 +107,8 @@ class EngineCapturer:
         samplings: Sequence[SamplingParams | None] | None = None,
     ) -> list[Captured | Exception]:
         """Per sequence: its `layers` from the engine's file and how its response agrees with the target
-        (through the heads, from the last layer); EngineUnavailable when the engine did not answer."""
+        (through the heads, from the last layer); EngineUnavailable when the engine did not answer,
+        CaptureLost (naming the sequence) when it answered but wrote no file."""
         missing = set(layers) - set(self.launch.layers)
         if missing:
             raise ValueError(f"layers {sorted(missing)} are not among the engine's {list(self.launch.layers)}")
@@ -109,12 +119,14 @@ class EngineCapturer:
             for s, p, m in zip(sequences, prompt_lens, settings, strict=True)
         ]
         results: list[Captured | Exception] = []
-        for job in jobs:
+        for i, job in enumerate(jobs):
             try:
                 results.append(job.result())
-            except EngineUnavailable:
+            except (EngineUnavailable, CaptureFileMissing) as e:
                 for rest in jobs:
                     rest.cancel()
+                if isinstance(e, CaptureFileMissing):
+                    raise CaptureLost(str(e), index=i) from None
                 raise
             except (EngineError, CaptureFileError, ValueError) as e:
                 results.append(e)

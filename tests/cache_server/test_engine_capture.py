@@ -4,8 +4,9 @@ wrote, and stores it in a namespace of its own. Checked against the HF capture o
 the same store, and through the drafters' offline rounds.
 
 One engine for the module, launched with all four layers as aux ids and the test connector that
-writes other token ids for prompts starting with token 7 (the project's connector for every other
-prompt); it is killed and started again by the fault test."""
+writes other token ids for prompts starting with token 7 and delays the first write of a prompt
+starting with token 6 (the project's connector for every other prompt); it is killed and started
+again by the fault test."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -41,6 +43,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 LAYERS = 4
 PROMPTS, PROMPT_TOKENS, NEW_TOKENS = 12, 56, 8  # 12 sequences of 64 tokens
 WRONG_TOKENS_MARKER = 7  # the test connector's: a prompt starting with it gets a file with other token ids
+SLOW_WRITE_MARKER, SLOW_WRITE_STARTED = 6, "slow-write.started"  # its first file is written minutes late
 ENGINE_CAPTURE = "engine vllm 0.32.0 float32 tp 1 pp 1"
 DFLASH_LAYERS, EAGLE_LAYERS = (0, 2, 3), (0, 1, 3)
 
@@ -63,7 +66,7 @@ def engine(capture_target: Path, files: Path, tmp_path_factory: pytest.TempPathF
     if vllm_python() is None:
         pytest.fail("the vLLM environment .venv-vllm is missing: ./dev test (or .ci/run) builds it")
     flags = capture_flags(
-        range(1, LAYERS + 1), files, module="hsc_wrong_tokens_connector", connector="WrongTokensConnector"
+        range(1, LAYERS + 1), files, module="hsc_slow_write_connector", connector="SlowWriteConnector"
     )
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     server = VllmServer(capture_target, free_port(), log, *flags, pythonpath=[FAULTS_DIR, CONNECTOR_DIR])
@@ -233,32 +236,47 @@ def test_a_file_with_other_token_ids_fails_its_prompt_alone(
     assert "CaptureFileError" in state.error and "other token ids than the request's" in state.error
 
 
-def test_the_engine_killed_mid_capture_leaves_prompts_pending_then_captures_them_whole(
+def test_the_engine_killed_between_an_answer_and_its_file_leaves_prompts_pending_then_captures_them_whole(
     engine: VllmServer, capture_target: Path, files: Path, tmp_path: Path
 ) -> None:
+    """The kill lands after the engine answered the fourth prompt's prefill, before its connector wrote
+    the file (the test connector delays that write): the three before it are ready and whole, it and the
+    rest pending, and all are captured once the engine is back."""
     rng = np.random.default_rng(1)
     specs = [
-        {"token_ids": [int(t) for t in rng.integers(8, 500, 60)], "response_token_ids": [11, 12]} for _ in range(12)
+        {"token_ids": [int(t) for t in rng.integers(8, 500, 60)], "response_token_ids": [11, 12]} for _ in range(11)
     ]
-    lease = ["--capture-lease-s", "3", "--batch-tokens", "62"]  # one sequence per capture: the kill lands mid-run
+    slow = 3
+    specs[slow]["token_ids"][0] = SLOW_WRITE_MARKER
+    lease = ["--capture-lease-s", "3", "--batch-tokens", "62"]  # one sequence per capture: in order
     with _engine_server(capture_target, tmp_path / "store", engine, files, *lease) as url, CacheClient(url) as client:
-        ids = [p.prompt_id for p in client.register(specs[:-1])]
+        answered = _answered(engine)
+        ids = [p.prompt_id for p in client.register(specs)]
+        deadline = time.monotonic() + 120
+        while not ((files / SLOW_WRITE_STARTED).exists() and _answered(engine) > answered + slow):
+            assert time.monotonic() < deadline, "the engine never answered the slow prompt's prefill"
+            time.sleep(0.1)
+        time.sleep(0.5)  # the answer on its way to the server, which waits for the file's lock
         engine.kill()
         time.sleep(2)
         states = [client.prompt(pid) for pid in ids]
-        assert {s.status for s in states} <= {"pending", "ready"} and any(s.status == "pending" for s in states)
-        for state in states:  # nothing published half: a ready prompt holds every layer
-            if state.status == "ready":
-                assert client.hidden(state.prompt_id, range(LAYERS)).hidden.shape == (62, LAYERS * 128)
+        assert [s.status for s in states] == ["ready"] * slow + ["pending"] * (len(ids) - slow), states[slow].error
+        for state in states[:slow]:  # nothing published half: a ready prompt holds every layer
+            assert client.hidden(state.prompt_id, range(LAYERS)).hidden.shape == (62, LAYERS * 128)
         engine.start()
         client.wait_ready(ids, timeout_s=300)
-        for pid, spec in zip(ids, specs, strict=False):
+        for pid, spec in zip(ids, specs, strict=True):
             tokens = spec["token_ids"] + spec["response_token_ids"]
             direct = torch.cat(direct_layer_outputs(capture_target, tokens), dim=-1).numpy()
             np.testing.assert_allclose(client.hidden(pid, range(LAYERS)).hidden, direct, rtol=0, atol=1e-4)
-        time.sleep(3.5)  # what the killed engine left is now older than the lease: the next capture sweeps it
-        _registered(url, specs[-1:])
+    (files / SLOW_WRITE_STARTED).unlink()
     assert list(files.iterdir()) == []
+
+
+def _answered(engine: VllmServer) -> float:
+    """The requests the engine has answered (`vllm:request_success_total`, summed over finish reasons)."""
+    lines = httpx.get(f"{engine.url}/metrics", timeout=30).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:request_success_total"))
 
 
 def test_tensor_parallel_2_captures_what_tp_1_does_in_a_namespace_of_its_own(

@@ -1,5 +1,6 @@
 """A capture file is read only once its writer lets go, checked against the request, and deleted
-whatever the outcome; a file that is not the request's fails with the reason."""
+whatever the outcome; a file that is not the request's fails with the reason, and one that is not
+there at all says the engine never wrote it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from cache_server.generation.capture_files import FILE_FORMAT, CaptureFileError, sweep_capture_files, take_capture_file
+from cache_server.generation.capture_files import (
+    FILE_FORMAT,
+    CaptureFileError,
+    CaptureFileMissing,
+    sweep_capture_files,
+    take_capture_file,
+)
 
 TOKENS = [5, 6, 7, 8]
 HIDDEN = 16
@@ -92,14 +99,16 @@ def test_a_file_that_is_not_the_requests_fails_with_the_reason(
     assert not path.exists() and not Path(f"{path}.lock").exists()
 
 
-def test_a_truncated_or_missing_file_fails_with_the_reason(tmp_path: Path) -> None:
+def test_a_truncated_file_is_the_prompts_error_a_missing_one_the_engines(tmp_path: Path) -> None:
     path = _write(tmp_path / "r-3.safetensors", torch.zeros(4, 3, HIDDEN), TOKENS)
     path.write_bytes(path.read_bytes()[:-100])
-    with pytest.raises(CaptureFileError, match="could not be read"):
+    with pytest.raises(CaptureFileError, match="could not be read") as truncated:
         take_capture_file(path, TOKENS, HIDDEN)
+    assert not isinstance(truncated.value, CaptureFileMissing)
     Path(f"{path}.lock").touch()
-    with pytest.raises(CaptureFileError, match="could not be read"):
-        take_capture_file(path, TOKENS, HIDDEN)  # no file at all beside its lock
+    with pytest.raises(CaptureFileMissing, match="the engine answered, but wrote no capture file"):
+        take_capture_file(path, TOKENS, HIDDEN)  # no file at all beside its lock: its writer died first
+    assert not Path(f"{path}.lock").exists()
 
 
 def test_files_no_capture_took_are_swept_once_older_than_the_lease(tmp_path: Path) -> None:
