@@ -15,7 +15,7 @@ from cache_server.capture.heads import Heads
 from cache_server.capture.model_dir import check_model_dir
 from cache_server.capture.target import ModelShape, Target, target_info
 from cache_server.generation.capture_files import CaptureFileError, EngineLaunch, take_capture_file
-from cache_server.generation.engine import Engine, EngineError, EngineUnfit, generate_once
+from cache_server.generation.engine import Engine, EngineError, EngineUnavailable, EngineUnfit, generate_once
 from cache_server.generation.engine_capture import EngineCapturer, prefill
 from cache_server.generation.startup import PROBE_TEXT, PROBE_TOKENS
 from cache_server.torch_utils import TORCH_DTYPES
@@ -69,7 +69,11 @@ def open_engine_target(
         concurrency=concurrency,
         orphan_after_s=orphan_after_s,
     )
-    (probed,) = capturer.capture([sequence], [len(probe)], [shape.num_layers - 1])
+    try:
+        (probed,) = capturer.capture([sequence], [len(probe)], [shape.num_layers - 1])
+    except EngineUnavailable as e:  # away since the first probe, or it lost this one's file (CaptureLost)
+        capturer.close()
+        raise EngineUnfit(f"--generator {engine.url}: the probe capture failed: {e}") from None
     if isinstance(probed, Exception) or probed.greedy_mismatches != 0:
         capturer.close()
         why = probed if isinstance(probed, Exception) else f"{probed.greedy_mismatches} of {PROBE_TOKENS} differ"

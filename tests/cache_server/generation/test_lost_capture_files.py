@@ -1,7 +1,8 @@
 """An engine that answers a prefill but never writes its capture file (it died between the two) leaves
 the prompt pending, spending one of its capture attempts: captured once the engine writes again, or
-failed, saying so, once every attempt lost its file. The engine is a fake on loopback that writes the
-files the project's connector would, the states from a direct forward; the capture path is the server's."""
+failed, saying so, once every attempt lost its file; at startup, a lost probe file refuses the start.
+The engine is a fake on loopback that writes the files the project's connector would, the states from
+a direct forward; the capture path is the server's."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ from cache_server.compute.metrics import Metrics
 from cache_server.compute.service import HiddenStateService
 from cache_server.coordination.database import Database
 from cache_server.generation.capture_files import FILE_FORMAT, EngineLaunch
-from cache_server.generation.engine import Engine
+from cache_server.generation.engine import Engine, EngineUnfit
 from cache_server.generation.engine_capture import EngineCapturer
+from cache_server.generation.engine_target import open_engine_target
 from cache_server.store.hidden_store import HiddenStore
 from testing.servers import serving_app
 from tests.cache_server.helpers import serve_settings
@@ -48,11 +50,12 @@ class Prefill(BaseModel):
 class FakeEngine:
     """`POST /v1/completions` of a capturing engine: each prefill answered with its file, written into
     `files` as the project's connector writes it (lock first, then the states of every layer), except
-    that the marked prompt's prefills follow `script`: "lost" answers without writing, "away" answers
-    503 (the engine down); once `script` is spent they are written too."""
+    that the prefills of the prompt starting with `marker` (of every prompt: None) follow `script`:
+    "lost" answers without writing, "away" answers 503 (the engine down); once `script` is spent they
+    are written too."""
 
-    def __init__(self, model: Path, files: Path, script: list[str]) -> None:
-        self.model, self.files, self.script = model, files, script
+    def __init__(self, model: Path, files: Path, script: list[str], marker: int | None = MARKER) -> None:
+        self.model, self.files, self.script, self.marker = model, files, script, marker
         self.launch = EngineLaunch(tuple(range(1, ModelShape.of(model).num_layers + 1)), "float32", 1, 1, "0.32.0")
         self._requests = itertools.count()  # requests run in threads at once
         self._forwards: dict[tuple[int, ...], torch.Tensor] = {}
@@ -70,7 +73,7 @@ class FakeEngine:
 
     def complete(self, body: Prefill) -> dict[str, object] | Response:
         ids = body.prompt
-        step = self.script.pop(0) if ids[0] == MARKER and self.script else "write"
+        step = self.script.pop(0) if self.marker in (None, ids[0]) and self.script else "write"
         if step == "away":
             return Response(status_code=503)
         path = self.files / f"req-{next(self._requests)}.safetensors"
@@ -150,3 +153,21 @@ def test_a_file_the_engine_never_writes_fails_its_prompt_after_the_last_attempt(
         error = client.prompt(lost).error
     assert error is not None and error.startswith("CaptureFileMissing: given up after 2 attempts: the engine answered")
     assert "wrote no capture file" in str(failed.value)
+
+
+def test_a_probe_capture_whose_file_is_lost_refuses_the_start(tiny_target: Path, tmp_path: Path) -> None:
+    files = tmp_path / "engine-files"
+    files.mkdir()
+    engine = FakeEngine(tiny_target, files, ["write", "write", "lost"], marker=None)  # generate, prefill, capture
+    with serving_app(engine.app()) as url, pytest.raises(EngineUnfit) as refused:
+        open_engine_target(
+            tiny_target,
+            Engine(url, "tiny", None, ()),
+            files=files,
+            capture_layers=range(6),
+            storage="exact",
+            timeout_s=30,
+            concurrency=1,
+            orphan_after_s=600,
+        )
+    assert "the probe capture failed: the engine answered, but wrote no capture file" in str(refused.value)
