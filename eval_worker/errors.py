@@ -2,7 +2,8 @@
 
 EvalWorkerError
  ├── CheckpointRefused   the checkpoint does not load strictly or does not fit the target
- └── FeatureMismatch     served features are not the ones requested (layers, target, shape)
+ ├── FeatureMismatch     served features are not the ones requested (layers, target, shape)
+ └── NothingToWalk       no prompt (of the run, or of a set) has a response to draft on (a ValueError)
 """
 
 from __future__ import annotations
@@ -18,3 +19,7 @@ class CheckpointRefused(EvalWorkerError):
 
 class FeatureMismatch(EvalWorkerError):
     """The hidden states served do not match the layers, target or shape that were requested."""
+
+
+class NothingToWalk(EvalWorkerError, ValueError):
+    """None of the prompts asked for has a response to draft on: finished chats, registered to train on."""

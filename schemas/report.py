@@ -275,7 +275,9 @@ class EvalReport(BaseModel):
         default_factory=list, description="config keys the checkpoint has and the loader accepted as inert by request"
     )
     warnings: list[str] = Field(
-        default_factory=list, description="what loading accepted that a reader should know (e.g. a t2d vLLM ignores)"
+        default_factory=list,
+        description="what loading accepted or evaluating found that a reader should know (e.g. a t2d vLLM "
+        "ignores, prompts without rounds)",
     )
     device: str
     dtype: str

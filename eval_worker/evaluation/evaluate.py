@@ -25,6 +25,7 @@ from eval_worker.evaluation.feature_cache import FeatureCache, Fetched
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
 from eval_worker.evaluation.prompt_walks import fetch_layers, serve_prompt, walk_checkpoint
+from eval_worker.evaluation.responses import rounds_warnings
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost
 from eval_worker.families import FAMILIES
@@ -217,6 +218,9 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
         cost=cost,
     )
     log.info("%s: chain tau %s over %d prompts", checkpoint.path, summary.chain.mean_tau, len(results))
+    found = rounds_warnings(results, run.sets)
+    for line in found:
+        log.warning("%s: %s", checkpoint.path, line)
     ids = checkpoint.layer_ids
     return EvalReport(
         checkpoint_path=str(checkpoint.path),
@@ -236,7 +240,7 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
         drafting=FAMILIES[checkpoint.family].report_fields(checkpoint),
         draft_sampling=["greedy", "probabilistic"] if opts.draft_sampling == "probabilistic" else ["greedy"],
         inert_config_keys=list(checkpoint.inert_config_keys),
-        warnings=list(checkpoint.warnings),
+        warnings=[*checkpoint.warnings, *found],
         device=str(opts.device),
         dtype=dtype_name(opts.dtype),
         prompts=results,

@@ -21,11 +21,12 @@ from eval_worker.evaluation.evaluate import evaluate_many
 from eval_worker.evaluation.feature_cache import FeatureCache
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
+from eval_worker.evaluation.responses import check_responses
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.settings import EvaluateSettings
 from schemas.eval_spec import EvalSpec, FamilyOptions
 from schemas.model import ModelInfo
-from schemas.prompts import PromptStatus
+from schemas.prompts import PromptState, PromptStatus
 from schemas.report import EvalReport
 from schemas.sampling import GREEDY, GREEDY_SETTING, trees_problem
 
@@ -63,9 +64,9 @@ def select_prompts(
     return list(prompt_ids)
 
 
-def check_trees_greedy(client: CacheClient, prompt_ids: Sequence[Sequence[str]]) -> None:
+def check_trees_greedy(states: Mapping[str, PromptState], prompt_ids: Sequence[Sequence[str]]) -> None:
     """ValueError (one line) when trees are asked of prompts whose responses are all sampled at T > 0."""
-    settings = {s.prompt_id: (s.sampling or GREEDY).setting for s in client.prompts()}
+    settings = {p: (s.sampling or GREEDY).setting for p, s in states.items()}
     for ids in prompt_ids:
         problem = trees_problem(True, {settings.get(p, GREEDY_SETTING) for p in ids})
         if problem is not None:
@@ -140,9 +141,10 @@ def evaluate_checkpoints(
         select_prompts(client, p, settings.timeout_s, m, progress=progress)
         for p, m in zip(wanted, set_members_of, strict=True)
     ]
-    treed = [i for c, i in zip(loaded, ids, strict=True) if c.options.asks_trees]
-    if treed:
-        check_trees_greedy(client, treed)
+    states = {s.prompt_id: s for s in client.prompts()}  # ready now: their lengths and settings are known
+    for i, m in zip(ids, set_members_of, strict=True):
+        check_responses(states, i, m)
+    check_trees_greedy(states, [i for c, i in zip(loaded, ids, strict=True) if c.options.asks_trees])
     device = resolve_device(settings.device)
     options = EvalOptions(
         device=str(device),

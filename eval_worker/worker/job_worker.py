@@ -13,7 +13,7 @@ from pathlib import Path
 from cache_server.client import CacheClient, CacheClientError, JobsClient, LeaseLostError, ServerUnreachable
 from eval_worker.checkpoints.loaded_checkpoint import LoadedCheckpoint
 from eval_worker.checkpoints.loading import load_with_spec
-from eval_worker.errors import CheckpointRefused
+from eval_worker.errors import CheckpointRefused, NothingToWalk
 from eval_worker.evaluation.sweep import evaluate_checkpoints, feature_cache
 from eval_worker.settings import WorkerSettings
 from schemas.eval_spec import EvalSpec
@@ -162,6 +162,8 @@ class JobWorker:
             claim = claims[batch[0]]
             if isinstance(e, CheckpointRefused):
                 self._fail(claim, f"checkpoint refused: {e}", retryable=False)
+            elif isinstance(e, NothingToWalk):  # the prompts stay as they are: a retry finds the same
+                self._fail(claim, str(e), retryable=False)
             else:
                 log.exception("job %s failed", claim.job.job_id)
                 self._fail(claim, f"{type(e).__name__}: {e}", retryable=True)
