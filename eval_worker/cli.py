@@ -157,11 +157,16 @@ def _job_commands(sub: Any) -> None:
     wat.add_argument(
         "--tensorboard",
         type=Path,
-        help="write each finished checkpoint's taus here as TensorBoard "
-        "scalars at its training step (needs [tensorboard])",
+        help="write each finished checkpoint's taus here as TensorBoard scalars at its training step, one "
+        "run per training run: DIR/<its directory under the watched one>/<family and drafting length> "
+        "(needs [tensorboard])",
     )
     wat.add_argument("--interval", type=float, default=10.0, help="seconds between looks (10)")
-    wat.add_argument("--once", action="store_true", help="look twice (to see which files are finished), then exit")
+    wat.add_argument(
+        "--once",
+        action="store_true",
+        help="look twice (to see which files are finished), wait for the jobs submitted, then exit (6 if any failed)",
+    )
 
 
 def _prompts_command(sub: Any) -> None:

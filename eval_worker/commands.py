@@ -9,8 +9,9 @@ import contextlib
 import dataclasses
 import logging
 import signal
+import sys
 import threading
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from eval_worker.cli_options import FamilyFlags, eval_spec
@@ -162,8 +163,9 @@ def submit(args: argparse.Namespace, settings: SubmitSettings) -> int:
 
 
 def watch(args: argparse.Namespace, settings: SubmitSettings) -> int:
-    """Submit each checkpoint under DIR once it has finished writing, each once; with --tensorboard,
-    write each finished one's taus there at its training step."""
+    """Submit each checkpoint under DIR once it has finished writing, each once, and print each of its
+    jobs that fails; with --tensorboard, write each finished one's taus there at its training step, one
+    TensorBoard run per training run. With --once, wait for the jobs it submitted and exit 6 if any failed."""
     from cache_server.client import JobsClient
     from eval_worker.worker.watch import CheckpointWatcher
 
@@ -180,6 +182,7 @@ def watch(args: argparse.Namespace, settings: SubmitSettings) -> int:
         # a job's checkpoint as the server resolved it, and as submitted relative to the root
         known = {j.checkpoint for j in existing} | {j.checkpoint_relative for j in existing}
         print(f"watching {args.dir} every {args.interval:.0f} s ({len(existing)} jobs already on the server)")
+        submitted: dict[str, JobState | None] = {}  # this watch's jobs -> its failure, once printed
         looks = 0
         while not stop.is_set():
             for ckpt in watcher.poll():
@@ -187,15 +190,43 @@ def watch(args: argparse.Namespace, settings: SubmitSettings) -> int:
                 if path in known or str(ckpt.resolve()) in known:
                     log.info("%s already has a job; not submitting it again", ckpt)
                     continue
-                known.add(_submit(jobs, spec, path).checkpoint)
+                state = _submit(jobs, spec, path)
+                known.add(state.checkpoint)
+                submitted[state.job_id] = None
             looks += 1
+            last = args.once and looks >= 2
+            _print_failures(jobs, submitted, wait=last)
             if board is not None:
                 relative = settings.checkpoint_root is not None
-                _write_finished(jobs, board, run, relative, wait=args.once and looks >= 2)
-            if args.once and looks >= 2:
+                _write_finished(jobs, board, run, relative, wait=last)
+            if last:
                 break
             stop.wait(args.interval)
-    return ExitCode.ok
+    failed = [j for j in submitted.values() if j is not None]
+    if failed:
+        print(f"{len(failed)} of the {len(submitted)} jobs submitted failed", file=sys.stderr)
+    return ExitCode.job_failed if failed else ExitCode.ok
+
+
+def _print_failures(jobs: JobsClient, submitted: dict[str, JobState | None], *, wait: bool) -> None:
+    """Print each of `submitted` that failed, once (kept in `submitted`); with `wait`, wait for all to end."""
+    from schemas.jobs import JobStatus
+
+    open_ids = [i for i, failure in submitted.items() if failure is None]
+    if not open_ids:
+        return
+    if wait:  # `--once`: every job it submitted has ended before it exits
+        states = [jobs.wait(i, timeout_s=float("inf"), poll_s=1.0) for i in open_ids]
+    else:
+        states = [j for j in jobs.jobs(JobStatus.failed) if j.job_id in set(open_ids)]
+    for job in states:
+        if job.status == JobStatus.failed:
+            submitted[job.job_id] = job
+            print(
+                f"job {job.job_id} failed after {job.attempts} attempts ({job.checkpoint_relative}): {job.error}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _tensorboard(log_dir: Path | None) -> TensorBoardLog | None:
@@ -207,7 +238,8 @@ def _tensorboard(log_dir: Path | None) -> TensorBoardLog | None:
 
 
 def _write_finished(jobs: JobsClient, board: TensorBoardLog, run: Path, relative: bool, *, wait: bool) -> None:
-    """Write the run's done jobs not yet in the log; with `wait`, first wait for the run's jobs to end."""
+    """Write the run's done jobs not yet in the log, each in its training run's TensorBoard run (its
+    directory relative to the watched one); with `wait`, first wait for the run's jobs to end."""
     from schemas.jobs import JobStatus
 
     mine = [j for j in jobs.jobs() if Path(j.checkpoint_relative if relative else j.checkpoint).is_relative_to(run)]
@@ -215,8 +247,11 @@ def _write_finished(jobs: JobsClient, board: TensorBoardLog, run: Path, relative
         mine = [jobs.wait(j.job_id, timeout_s=float("inf"), poll_s=1.0) for j in mine if not board.has(j.job_id)]
     for job in mine:
         if job.status == JobStatus.done and not board.has(job.job_id):
-            board.write(job.job_id, jobs.report(job.job_id))
-            print(f"tensorboard: {job.checkpoint_relative} at step {board.last_step}", flush=True)
+            report = jobs.report(job.job_id)
+            path = Path(job.checkpoint_relative if relative else job.checkpoint)
+            written = board.write(job.job_id, report, PurePosixPath(path.parent.relative_to(run).as_posix()))
+            if written is not None:
+                print(f"tensorboard: {job.checkpoint_relative} at step {report.step} in run {written}", flush=True)
 
 
 def compare(args: argparse.Namespace, settings: LookupSettings) -> int:
