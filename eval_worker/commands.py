@@ -319,11 +319,7 @@ def prompts_add(args: argparse.Namespace, settings: ConnectionSettings) -> int:
         added = add_prompts(client, args.files, opts)
         for message in added.skipped:
             print(f"skipped: {message}")
-        print(
-            f"{len(added.prompt_ids)} prompts registered in set {args.set_name!r}"
-            + (f"; {len(added.skipped)} bad rows skipped" if added.skipped else ""),
-            flush=True,
-        )
+        print(added.line(args.set_name, 1 if args.whole_chats else args.samples), flush=True)
         if args.wait:
             wait_with_progress(client, args.set_name, settings.timeout_s)
     return ExitCode.ok

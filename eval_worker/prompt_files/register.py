@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from eval_worker.prompt_files.records import BadRow, Row, prompt_of, read_rows, whole_chat_of
+from eval_worker.prompt_files.same_rendering import check_same_rendering
 from schemas.plan import StoragePlan
 from schemas.prompts import GenerateSpec, PromptStatus, SetCounts
 
@@ -66,10 +67,22 @@ class AddOptions:
 
 @dataclass(frozen=True)
 class Added:
-    """What a run registered, and the rows it skipped (with --skip-bad)."""
+    """What a run registered (its rows, and their prompts: every sample and later turn), and the rows it
+    skipped (with --skip-bad)."""
 
+    rows: int
     prompt_ids: list[str]
     skipped: list[str]
+
+    def line(self, set_name: str, samples: int) -> str:
+        """`6 rows registered in set 'gsm8k' as 24 prompts (4 samples each)`, and the rows skipped."""
+        later = len(self.prompt_ids) - self.rows * samples
+        details = [f"{samples} samples each"] * (samples > 1) + [f"{later} later turns"] * (later > 0)
+        return (
+            f"{self.rows} rows registered in set {set_name!r} as {len(self.prompt_ids)} prompts"
+            + (f" ({', '.join(details)})" if details else "")
+            + (f"; {len(self.skipped)} bad rows skipped" if self.skipped else "")
+        )
 
 
 def collect_rows(files: Sequence[Path], opts: AddOptions) -> tuple[list[Row], list[str]]:
@@ -148,6 +161,7 @@ def _first_turns(
     specs = [prompt_spec(row, opts, use_template) for row in rows]
     if not specs:
         raise ValueError(f"no prompts in {[str(f) for f in files]}")
+    check_same_rendering(client, opts.set_name, specs, opts.enable_thinking)
     if opts.generate.samples > 1 and any(row.later_turns for row in rows):
         raise ValueError("--samples > 1 with multi-turn rows: each later turn follows one answer; register one sample")
     return rows, specs, skipped
@@ -176,7 +190,7 @@ def add_prompts(client: CacheClient, files: Sequence[Path], opts: AddOptions) ->
         for chain, prompt_id in zip(waiting.values(), _register(client, later, opts.generate), strict=True):
             chain.append(prompt_id)
             ids.append(prompt_id)
-    return Added(ids, skipped)
+    return Added(len(rows), ids, skipped)
 
 
 def _register(client: CacheClient, specs: list[dict[str, Any]], generate: GenerateSpec | None) -> list[str]:

@@ -82,7 +82,9 @@ def test_sets_from_files_render_as_the_chat_template(
         assert main([*base, str(humaneval), "--set", "humaneval", "--wait"]) == 0
         assert main([*base, str(on_disk), "--set", "humaneval-disk", "--no-chat-template", "--wait"]) == 0
         assert main([*base, str(mt_bench), "--set", "mt-bench", "--disable-thinking", "--wait"]) == 0
-        assert "2 prompts registered in set 'gsm8k'" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "2 rows registered in set 'gsm8k' as 2 prompts\n" in out
+        assert "2 rows registered in set 'mt-bench' as 4 prompts (2 later turns)" in out
         with CacheClient(url) as client:
             client.wait_ready([p.prompt_id for p in client.prompts()])
             for name, rows, field, thinking, suffix in (
@@ -149,7 +151,10 @@ def test_a_malformed_row_registers_nothing_unless_skipped(
             assert client.prompts() == [] and client.sets().sets == []
             assert main([*base, "--skip-bad"]) == 0
             out = capsys.readouterr().out
-            assert "row 2: field 'turns' must be a non-empty list of strings" in out and "1 prompts registered" in out
+            assert (
+                "row 2: field 'turns' must be a non-empty list of strings" in out
+                and "1 rows registered in set 'mixed' as 1 prompts" in out
+            )
             assert [s.total for s in client.sets().sets] == [1]
 
 
@@ -185,7 +190,7 @@ def test_sampled_sets_register_each_sample_with_its_setting_and_refuse_bad_setti
         base = ["prompts", "add", "--server", url, "--max-new-tokens", "4", str(humaneval)]
         sampled = [*base, "--set", "he-t06", "--temperature", "0.6", "--top-p", "0.95", "--samples", "3", "--seed", "5"]
         assert main([*sampled, "--wait"]) == 0
-        assert "6 prompts registered in set 'he-t06'" in capsys.readouterr().out
+        assert "2 rows registered in set 'he-t06' as 6 prompts (3 samples each)" in capsys.readouterr().out
         states = [client.prompt(p.prompt_id) for p in client.prompts(set_name="he-t06")]
         assert sorted(s.sampling.seed for s in states if s.sampling) == [5, 5, 6, 6, 7, 7]
         assert {s.sampling.setting for s in states if s.sampling} == {"T=0.6 top_p=0.95"}
@@ -200,6 +205,20 @@ def test_sampled_sets_register_each_sample_with_its_setting_and_refuse_bad_setti
             err = capsys.readouterr().err.strip()
             assert wanted in err and "\n" not in err
         assert [s.name for s in client.sets().sets] == ["he-t06"]
+        # The same rows into the same set: the same rendering only, so that they are the same prompts.
+        for flags, wanted in [
+            (["--suffix", SUFFIX], "prompt tokens, now"),
+            (["--disable-thinking"], "thinking the template's default, now --disable-thinking"),
+            (["--no-chat-template"], "the chat template on, now off"),
+        ]:
+            assert main([*sampled, *flags]) == ExitCode.usage
+            err = capsys.readouterr().err.strip()
+            assert "set 'he-t06' already holds 2 of these rows (humaneval.jsonl:0, humaneval.jsonl:1)" in err
+            assert wanted in err and "--set NAME" in err and "\n" not in err
+        assert client.sets().sets[0].total == 6  # nothing registered
+        assert main([*base, "--set", "he-t06"]) == 0  # greedy responses of the same prompts
+        assert "2 rows registered in set 'he-t06' as 2 prompts" in capsys.readouterr().out
+        assert len({s.prompt_len for s in client.prompts(set_name="he-t06")}) == 2  # one per row
 
 
 def _finished(row: dict[str, Any]) -> list[dict[str, str]]:
@@ -234,7 +253,9 @@ def test_whole_chats_are_registered_finished_and_trained_on_their_assistant_turn
         assert main([*base, "--set", "chats", "--skip-bad", "--wait"]) == 0
         assert main([*base, "--set", "chats-last", "--loss-mask", "last_turn", "--skip-bad", "--wait"]) == 0
         out = capsys.readouterr().out
-        assert "2 prompts registered in set 'chats'; 1 bad rows skipped" in out and "row 2: --whole-chats" in out
+        assert (
+            "2 rows registered in set 'chats' as 2 prompts; 1 bad rows skipped" in out and "row 2: --whole-chats" in out
+        )
         for name, trained in (("chats", slice(None)), ("chats-last", slice(-1, None))):
             states = [client.prompt(p.prompt_id) for p in client.prompts(set_name=name)]
             assert [s.name for s in states] == ["chats.jsonl:0", "chats.jsonl:1"]
