@@ -6,10 +6,12 @@ prompts mixed into the set. Checked before anything is registered (prompts canno
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cache_server.client import CacheClient
 from schemas.prompts import PromptState
+
+if TYPE_CHECKING:  # `prompts add --help` loads no client
+    from cache_server.client import CacheClient
 
 _FIX = (
     "register them with the rendering options of their first registration (--enable-thinking / "
