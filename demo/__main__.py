@@ -33,7 +33,7 @@ from eval_worker.evaluation.walk_types import TargetNorm
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.families.mtp.drafter import MtpDrafter
 from eval_worker.families.mtp.layouts import LAYOUTS
-from eval_worker.reports.compare import compare_table
+from eval_worker.reports.compare import compare_json, compare_table
 from eval_worker.reports.plot import plot
 from schemas.eval_spec import DFlashOptions, Eagle3Options, EvalSpec, MtpOptions
 from schemas.jobs import JobStatus
@@ -183,11 +183,14 @@ def register_prompts(url: str, client: CacheClient, new_tokens: int) -> list[str
 
 
 def show_leaderboard(url: str, client: CacheClient, workdir: Path) -> None:
-    """The finished jobs' table, the tau plot and (with Chromium) the page's screenshot."""
+    """The finished jobs' table (and every number as JSON), the tau plot and (with Chromium) the page's
+    screenshot."""
     _say("leaderboard (eval-worker compare --server ...)")
     jobs = JobsClient(client)
     reports = [jobs.report(j.job_id) for j in jobs.jobs(JobStatus.done)]
     print(compare_table(reports))
+    (workdir / "leaderboard.json").write_text(compare_json(reports))
+    print(f"every column (eval-worker compare --json): {workdir / 'leaderboard.json'}")
     plot(reports, workdir / "tau.png")
     print(f"plot: {workdir / 'tau.png'}")
     _screenshot(url, workdir / "leaderboard.png")

@@ -231,10 +231,13 @@ def _prompts_command(sub: Any) -> None:
 def _compare_command(sub: Any) -> None:
     """`compare`: reports side by side by step."""
     cmp_ = command(
-        sub, "compare", "table (and plot) of reports by step", commands.compare, LookupSettings, positional=None
+        sub, "compare", "table (and plot) of reports by run and step", commands.compare, LookupSettings, positional=None
     )
     cmp_.add_argument("reports", type=Path, nargs="*", help="EvalReport JSON files")
     cmp_.add_argument("--plot", type=Path, help="write a PNG of tau vs step and the acceptance curve (needs [plot])")
+    shown = cmp_.add_mutually_exclusive_group()
+    shown.add_argument("--wide", action="store_true", help="every column: layers, storage, trees, sets (not 120 wide)")
+    shown.add_argument("--json", action="store_true", help="print every report's summaries as JSON instead of a table")
 
 
 def _export_command(sub: Any) -> None:

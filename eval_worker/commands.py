@@ -255,8 +255,9 @@ def _write_finished(jobs: JobsClient, board: TensorBoardLog, run: Path, relative
 
 
 def compare(args: argparse.Namespace, settings: LookupSettings) -> int:
-    """Print reports side by side by step; with --plot, draw tau vs step and the acceptance curve."""
-    from eval_worker.reports.compare import compare_table
+    """Print reports side by side by run and step (--wide: every column; --json: every number); with
+    --plot, draw tau vs step and the acceptance curve."""
+    from eval_worker.reports.compare import compare_json, compare_table
     from schemas.jobs import JobStatus
     from schemas.report import EvalReport
 
@@ -269,12 +270,12 @@ def compare(args: argparse.Namespace, settings: LookupSettings) -> int:
             reports += [jobs.report(j.job_id) for j in jobs.jobs(JobStatus.done)]
     if not reports:
         raise ValueError("no reports to compare: give report files or --server with finished jobs")
-    print(compare_table(reports))
+    print(compare_json(reports) if args.json else compare_table(reports, wide=args.wide))
     if args.plot:
         from eval_worker.reports.plot import plot
 
         plot(reports, args.plot)
-        print(f"plot written to {args.plot}")
+        print(f"plot written to {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return ExitCode.ok
 
 

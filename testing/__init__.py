@@ -14,6 +14,7 @@ they are checked against. Not installed with the package; run from the repositor
   (`peer_masks.py`), tiny DeepSeek-V3, Qwen3-Next and Qwen3.5
   targets carrying MTP heads under their published names (`mtp_targets.py`), an MTP head fine-tuned on
   cached states and saved as an MTP-only checkpoint (`mtp_trainer.py`).
+- Reports: a leaderboard's worth of evaluation reports built from round taus (`leaderboard_reports.py`).
 - Servers: `cache-server serve` and bench servers (`servers.py`), several on one store (`fleet.py`),
   vLLM (`engine.py`, with connectors that misbehave on purpose in `engine_faults/`), a lossless
   speculative-sampling test engine with vLLM's API (`spec_engine.py`), Postgres (`postgres.py`),

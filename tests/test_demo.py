@@ -21,14 +21,18 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["--workdir", str(tmp_path / "demo"), "--layers", "8", "--new-tokens", "16", "--steps", "5", "40"]) == 0
     out = capsys.readouterr().out
     board = out[out.index("leaderboard") :].splitlines()
-    rows = {(r[0], r[2]): r for line in board if (r := line.split()) and r[0] in {"5", "40"}}
-    assert sorted(rows) == [("40", "dflash"), ("40", "eagle3"), ("40", "mtp"), ("5", "dflash")]  # one per checkpoint
+    rows = {(r[0], r[1]): r for line in board if (r := line.split()) and r[0] in {"5", "40"}}
+    assert sorted(rows) == [("40", "dflash:"), ("40", "eagle3:"), ("40", "mtp:"), ("5", "dflash:")]  # one each
+    table = board[1 : next(i for i, line in enumerate(board) if line.startswith("±:")) + 1]
+    assert max(map(len, table)) <= 120
+    assert board[1].split() == ["T=0", "T=0.6", "top_p=0.95"]  # each setting apart, T = 0 first
+    for row in rows.values():  # per setting: prompts, per-prompt tau ± s.e., pooled tau; both count the bonus token
+        for n, per_prompt, pooled in (row[-6:-3], row[-3:]):
+            assert int(n) > 0 and float(per_prompt.split("±")[0]) >= 1.0 and float(pooled) >= 1.0
     # DFlash formula for 3 taps of 8 layers; EAGLE-3 defaults, layer inputs (2, 4, 5); MTP the last layer
-    layers = {"dflash": ["[1,", "3,", "5]"], "eagle3": ["[1,", "3,", "4]"], "mtp": ["[7]"]}
-    for (_, family), row in rows.items():
-        ids = layers[family]
-        assert row[3 : 3 + len(ids)] == ids
-        assert float(row[3 + len(ids) + 1]) >= 1.0  # chain tau counts the bonus token
+    layers = {"dflash": [1, 3, 5], "eagle3": [1, 3, 4], "mtp": [7]}
+    board_json = json.loads((tmp_path / "demo" / "leaderboard.json").read_text())
+    assert {r["drafter_family"]: r["target_layer_ids"] for r in board_json["reports"]} == layers
     assert (tmp_path / "demo" / "tau.png").read_bytes()[:4] == b"\x89PNG"
 
 

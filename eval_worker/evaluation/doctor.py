@@ -22,6 +22,7 @@ from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.evaluation.sweep import evaluate_checkpoints, select_prompts
 from eval_worker.evaluation.walk_types import TargetNorm
+from eval_worker.reports.conventions import PER_PROMPT, POOLED, TAU_LEGEND, fmt
 from eval_worker.settings import EvaluateSettings
 from schemas.eval_spec import EvalSpec
 from schemas.model import ModelInfo
@@ -43,12 +44,14 @@ _NORMED = (
 
 @dataclass(frozen=True)
 class Reading:
-    """One way to read the checkpoint's layers, the chain tau it scores, and what it would mean."""
+    """One way to read the checkpoint's layers, the chain tau it scores (per-prompt, the verdict's; and
+    pooled), and what it would mean."""
 
     name: str
     layer_ids: tuple[int, ...]
     chain_tau: float | None
     advice: str = ""
+    pooled_tau: float | None = None
 
 
 class NormedLayer:
@@ -101,16 +104,18 @@ def doctor(
     variants = [loaded, *(_shifted(loaded, s) for s in shifts)]
     ids = select_prompts(client, None, settings.timeout_s)[:limit]
     reports = evaluate_checkpoints(client, variants, settings, prompt_ids=[ids] * len(variants), progress=False)
-    readings = [Reading("declared", declared, reports[0].summary.chain.mean_tau)]
+    chain = reports[0].summary.chain
+    readings = [Reading("declared", declared, chain.mean_tau, pooled_tau=chain.tokens_per_round)]
     readings += [
-        Reading(_SHIFTS[s][0], v.target_layer_ids, r.summary.chain.mean_tau, _SHIFTS[s][1])
-        for s, v, r in zip(shifts, variants[1:], reports[1:], strict=True)
+        Reading(_SHIFTS[s][0], v.target_layer_ids, c.mean_tau, _SHIFTS[s][1], c.tokens_per_round)
+        for s, v, c in zip(shifts, variants[1:], (r.summary.chain for r in reports[1:]), strict=True)
     ]
     heads = HeadsCache(settings.heads_cache).get(client, info.fingerprint) if info.num_layers - 1 in declared else None
     if heads is not None and heads.final_norm is not None:
         normed = NormedLayer(client, info.num_layers - 1, heads)
         (report,) = evaluate_checkpoints(client, [loaded], settings, prompt_ids=[ids], progress=False, source=normed)
-        readings.append(Reading(_NORMED[0], declared, report.summary.chain.mean_tau, _NORMED[1]))
+        chain = report.summary.chain
+        readings.append(Reading(_NORMED[0], declared, chain.mean_tau, _NORMED[1], chain.tokens_per_round))
     return readings
 
 
@@ -134,10 +139,11 @@ def verdict(readings: list[Reading]) -> str | None:
 
 def format_doctor(checkpoint: Path, readings: list[Reading]) -> str:
     """The table of readings and the verdict."""
-    lines = [f"{checkpoint}: chain tau per reading of its layers", f"{'reading':<20} {'layers':<24} chain tau"]
-    for r in readings:
-        tau = "-" if r.chain_tau is None else f"{r.chain_tau:.3f}"
-        lines.append(f"{r.name:<20} {list(r.layer_ids)!s:<24} {tau}")
+    lines = [
+        f"{checkpoint}: chain tau per reading of its layers",
+        f"{'reading':<20} {'layers':<24} {PER_PROMPT:>10} {POOLED:>7}",
+    ]
+    lines += [f"{r.name:<20} {list(r.layer_ids)!s:<24} {fmt(r.chain_tau):>10} {fmt(r.pooled_tau):>7}" for r in readings]
     found = verdict(readings)
-    lines.append(found or "the declared layers score best: nothing suggests another reading")
+    lines += [found or "the declared layers score best: nothing suggests another reading", TAU_LEGEND]
     return "\n".join(lines)

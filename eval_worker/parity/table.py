@@ -1,8 +1,13 @@
 """The printed parity report: a header naming the checkpoint, the engine and (at T > 0) the sampling
-setting and the probe's verdict, one row per prompt (per sample at T > 0), and the overall lines."""
+setting and the probe's verdict, one row per prompt (per sample at T > 0), and the overall lines: the
+verdict, and tau both ways (pooled, as vLLM reports it, and per-prompt, as the leaderboard does)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from eval_worker.parity.compare import tau
+from eval_worker.reports.conventions import PER_PROMPT, POOLED, fmt
 from schemas.parity import DistributionCheck, ParityReport, PromptParity
 
 
@@ -15,7 +20,7 @@ def format_parity(report: ParityReport) -> str:
     if report.sampling.greedy:
         lines.append(f"{'prompt':<26} {'tokens':>6} {'live drafts/acc':>16} {'offline rounds/acc':>19}  verdict")
         lines += [_greedy_row(p) for p in report.prompts]
-        lines.append(f"{report.agreeing} of {len(report.prompts)} prompts agree; {_taus(report)}")
+        lines += [f"{report.agreeing} of {len(report.prompts)} prompts agree", _taus(report)]
         return "\n".join(lines)
     lines += [_setting_line(report), f"probe: {report.probe.reason if report.probe else 'none'}"]
     offline = "offline rounds/acc" if report.draft_sampling == "greedy" else "offline E[rounds/acc]"
@@ -24,7 +29,7 @@ def format_parity(report: ParityReport) -> str:
     )
     lines += [_sampled_row(p) for p in report.prompts]
     if report.distribution is None:
-        lines.append(f"{report.agreeing} of {len(report.prompts)} samples agree; {_taus(report)}")
+        lines += [f"{report.agreeing} of {len(report.prompts)} samples agree", _taus(report)]
     else:
         lines += [_distribution_line(report.distribution), _taus(report)]
     return "\n".join(lines)
@@ -69,7 +74,23 @@ def _distribution_line(d: DistributionCheck) -> str:
     )
 
 
+def _mean(values: Sequence[float | None]) -> str:
+    found = [v for v in values if v is not None]
+    return fmt(sum(found) / len(found)) if found else "-"
+
+
+def _offline_tau(p: PromptParity) -> float | None:
+    """One prompt's offline mean round tau: its chain walk's, or the expectation under probabilistic drafting."""
+    if p.expected is not None:
+        return p.expected.mean_tau
+    return tau(p.offline_rounds or 0, p.offline_accepted or 0)
+
+
 def _taus(report: ParityReport) -> str:
-    live = "-" if report.live_tau is None else f"{report.live_tau:.3f}"
-    offline = "-" if report.offline_tau is None else f"{report.offline_tau:.3f}"
-    return f"tau (1 + accepted / drafts): live {live}, offline {offline}"
+    """Both conventions on both sides: pooled (vLLM's own) and per-prompt (the leaderboard's headline)."""
+    live = _mean([tau(p.live_drafts, p.live_accepted) for p in report.prompts])
+    offline = _mean([_offline_tau(p) for p in report.prompts])
+    return (
+        f"tau {POOLED} (1 + accepted/drafts, vLLM): live {fmt(report.live_tau)}, offline {fmt(report.offline_tau)}; "
+        f"{PER_PROMPT} (DFlash, SGLang): live {live}, offline {offline}"
+    )

@@ -1,93 +1,170 @@
-"""`eval-worker compare`: reports side by side by step, and the per-position acceptance curve (the
-fraction of rounds that accept at least k tokens) that `plot.py` draws."""
+"""`eval-worker compare`: reports side by side, a row per run and step, each tau both ways (per-prompt and
+pooled) per sampling setting, T = 0 first; the per-position acceptance curve that `plot.py` draws."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from pathlib import Path
 
-from schemas.report import EvalReport, ExpectedSummary, TauSummary
-from schemas.sampling import GREEDY_SETTING, setting_temperature
+from eval_worker.reports.caveats import caveats
+from eval_worker.reports.columns import Column, render, table_width
+from eval_worker.reports.conventions import PER_PROMPT, POOLED, TAU_LEGEND, fmt
+from eval_worker.reports.run_label import run_label, run_name, run_options
+from eval_worker.reports.sampling_settings import by_setting, settings
+from schemas.report import EvalReport, ExpectedSummary, SetSummary, TauSummary
+from schemas.sampling import GREEDY_SETTING
 
-
-def by_step(r: EvalReport) -> tuple[int, str]:
-    """Sort key: training step, then path."""
-    return (r.step if r.step is not None else -1, r.checkpoint_path)
-
-
-def _tau(s: TauSummary | ExpectedSummary | None) -> str:
-    return "-" if s is None or s.mean_tau is None else f"{s.mean_tau:.3f}"
+WIDTH = 120  # the default table fits this many columns; --wide shows every column
+_MIN_LABEL = 24  # narrower than this, a run label no longer says which run it is
 
 
-def _se(s: TauSummary | ExpectedSummary | None) -> str:
-    return "-" if s is None or s.stderr is None else f"{s.stderr:.3f}"
+def by_run(r: EvalReport) -> tuple[str, int, str]:
+    """Sort key: run label, then training step, then path."""
+    return (run_label(r), r.step if r.step is not None else -1, r.checkpoint_path)
 
 
-def sampled_settings(reports: Sequence[EvalReport]) -> list[tuple[str, str]]:
-    """(setting, column) pairs when any report has responses sampled at T > 0: chain tau and its
-    standard error per setting, and probabilistic drafting's where it was measured."""
-    found = sorted({s for r in reports for s in r.summary.by_sampling}, key=lambda s: (setting_temperature(s), s))
-    if set(found) <= {GREEDY_SETTING}:
-        return []
-    out = []
-    for setting in found:
-        out += [(setting, "chain"), (setting, "s.e.")]
-        measured = any((r.summary.by_sampling.get(setting) or r.summary).probabilistic for r in reports)
-        if measured and setting != GREEDY_SETTING:  # at T = 0 probabilistic drafting is the chain walk itself
-            out += [(setting, "probabilistic"), (setting, "prob s.e.")]
-    return out
-
-
-def _setting_column(setting: str, kind: str) -> str:
-    return f"{setting.replace(' ', ',')}:{kind.replace(' ', '-')}"
-
-
-def _setting_tau(r: EvalReport, setting: str, kind: str) -> str:
-    s = r.summary.by_sampling.get(setting)
-    if s is None:
+def _per_prompt(s: TauSummary | ExpectedSummary | None) -> str:
+    """`3.256±0.120`: the per-prompt mean and its standard error over prompts."""
+    if s is None or s.mean_tau is None:
         return "-"
-    picked = {"chain": (_tau, s.chain), "s.e.": (_se, s.chain), "probabilistic": (_tau, s.probabilistic)}
-    show, summary = picked.get(kind, (_se, s.probabilistic))
-    return show(summary)
+    return fmt(s.mean_tau) + ("" if s.stderr is None else f"±{s.stderr:.3f}")
 
 
-def compare_table(reports: Sequence[EvalReport]) -> str:
-    """One row per report (by step): family, layers, prompts, chain tau, each DDTree and EAGLE tree tau.
+def _pooled(s: TauSummary | ExpectedSummary | None) -> str:
+    return "-" if s is None else fmt(s.tokens_per_round)
 
-    A family's tree columns are blank for the other family: DDTree needs a DFlash block, EAGLE trees an
-    EAGLE-3 step."""
-    budgets = sorted({b for r in reports for b in r.summary.trees})
-    shapes = sorted({k for r in reports for k in r.summary.eagle_trees}, key=lambda k: [int(x) for x in k.split(",")])
-    settings = sampled_settings(reports)
-    head = f"{'step':>8}  {'checkpoint':<32} {'family':<7} {'layers':<22} {'prompts':>7} {'chain':>7} {'s.e.':>6}"
-    head += "".join(f" {'ddtree-' + str(b):>10}" for b in budgets)
-    head += "".join(f" {'eagle-' + k:>14}" for k in shapes)
-    head += "".join(f" {_setting_column(s, kind):>{len(_setting_column(s, kind))}}" for s, kind in settings)
-    sets = sorted({name for r in reports for name in r.summary.by_set})
-    columns = [(name, kind) for name in sets for kind in ["chain", *map(str, budgets), *shapes]]
-    head += "".join(f" {_set_column(name, kind):>{_width(name, kind)}}" for name, kind in columns)
-    lines = [head]
-    for r in sorted(reports, key=by_step):
-        step = "-" if r.step is None else str(r.step)
-        name = Path(r.checkpoint_path).name[-32:]
-        row = f"{step:>8}  {name:<32} {r.drafter_family:<7} {r.target_layer_ids!s:<22} "
-        row += f"{r.summary.prompts_evaluated:>7} {_tau(r.summary.chain):>7} {_se(r.summary.chain):>6}"
-        row += "".join(f" {_tau(r.summary.trees.get(b)):>10}" for b in budgets)
-        row += "".join(f" {_tau(r.summary.eagle_trees.get(k)):>14}" for k in shapes)
-        row += "".join(f" {_setting_tau(r, s, kind):>{len(_setting_column(s, kind))}}" for s, kind in settings)
-        row += "".join(f" {_tau(_set_tau(r, name, kind)):>{_width(name, kind)}}" for name, kind in columns)
-        lines.append(row)
-    if settings and (budgets or shapes):
-        lines.append("trees: walked on greedy (T = 0) responses only")
-    targets = {r.target_fingerprint for r in reports}
-    if len(targets) > 1:
-        lines.append(f"warning: these reports come from {len(targets)} different targets: {sorted(targets)}")
-    storages = {r.feature_storage for r in reports}
-    if len(storages) > 1:
-        lines.append(
-            f"warning: these reports read features stored as {sorted(storages)}: a lossy store's tau is not exact"
-        )
-    return "\n".join(lines)
+
+def _tau_columns(group: str, name: str, picked: Sequence[TauSummary | ExpectedSummary | None]) -> list[Column]:
+    """`per-prompt` and `pooled` of one tau per row, `name` before each heading."""
+    return [
+        Column(group, f"{name}{PER_PROMPT}", [_per_prompt(s) for s in picked]),
+        Column(group, f"{name}{POOLED}", [_pooled(s) for s in picked]),
+    ]
+
+
+def _at(reports: Sequence[EvalReport], setting: str) -> list[SetSummary | None]:
+    """Each report's summary at `setting` (None: not measured)."""
+    return [by_setting(r.summary).get(setting) for r in reports]
+
+
+def _setting_columns(setting: str, reports: Sequence[EvalReport]) -> list[Column]:
+    """Prompts, chain per-prompt and pooled at one setting."""
+    at = _at(reports, setting)
+    return [
+        Column(setting, "n", [str(s.prompts_evaluated) if s else "-" for s in at]),
+        *_tau_columns(setting, "", [s.chain if s else None for s in at]),
+    ]
+
+
+def _middle_cut(text: str, width: int) -> str:
+    """`text` in `width` characters: its start and its end (where the options that differ are)."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "~" + text[len(text) - (width - 1 - head) :]
+
+
+def _step_column(reports: Sequence[EvalReport]) -> Column:
+    return Column("", "step", ["-" if r.step is None else str(r.step) for r in reports])
+
+
+def compare_table(reports: Sequence[EvalReport], *, wide: bool = False) -> str:
+    """The table (every column with `wide`, else what fits `WIDTH`), the legend and the caveats."""
+    ordered = sorted(reports, key=by_run)
+    lines = render(_wide_columns(ordered) if wide else _narrow_columns(ordered))
+    lines += [TAU_LEGEND, "±: standard error of per-prompt over prompts; n: prompts (samples) evaluated"]
+    if not wide:
+        lines[-1] += "; --wide: layers, trees, sets; --json: all"
+    elif len(settings(ordered)) > 1 and any(r.summary.trees or r.summary.eagle_trees for r in ordered):
+        lines.append(f"trees: walked on greedy ({GREEDY_SETTING}) responses only")
+    return "\n".join(lines + [f"warning: {c}" for c in caveats(ordered)])
+
+
+def _narrow_columns(reports: Sequence[EvalReport]) -> list[Column]:
+    """Step, run label and chain tau per setting (as many settings as leave the label readable)."""
+    fixed = [_step_column(reports)]
+    groups: list[list[Column]] = []
+    for setting in settings(reports):
+        more = _setting_columns(setting, reports)
+        if groups and WIDTH - table_width(fixed + [c for g in [*groups, more] for c in g]) - 2 < _MIN_LABEL:
+            break
+        groups.append(more)
+    labels = [run_label(r) for r in reports]
+    room = WIDTH - table_width(fixed + [c for g in groups for c in g]) - 2
+    label = Column("", "run", [_middle_cut(s, max(room, _MIN_LABEL)) for s in labels], left=True)
+    return [*fixed, label, *(c for g in groups for c in g)]
+
+
+def _wide_columns(reports: Sequence[EvalReport]) -> list[Column]:
+    """Every number: checkpoint, options, layers, storage; chain and probabilistic per setting; trees at
+    T = 0; all prompts together where settings mix; each set's chain per setting and trees."""
+    columns = [
+        _step_column(reports),
+        Column("", "run", [run_name(r) for r in reports], left=True),
+        Column("", "options", [run_options(r) for r in reports], left=True),
+        Column("", "checkpoint", [r.checkpoint_path for r in reports], left=True),
+        Column("", "layers", [",".join(map(str, r.target_layer_ids)) for r in reports], left=True),
+        Column("", "storage", [r.feature_storage for r in reports], left=True),
+    ]
+    found = settings(reports)
+    for setting in found:
+        columns += _setting_columns(setting, reports)
+        if setting != GREEDY_SETTING:  # at T = 0 probabilistic drafting is the chain walk itself
+            columns += _probabilistic(setting, reports)
+    columns += _trees(f"{GREEDY_SETTING} trees", _at(reports, GREEDY_SETTING))
+    if len(found) > 1:
+        columns += _tau_columns("all prompts, settings mixed", "", [r.summary.chain for r in reports])
+    for name in sorted({n for r in reports for n in r.summary.by_set}):
+        columns += _set_columns(name, found, reports)
+    return columns
+
+
+def _probabilistic(setting: str, reports: Sequence[EvalReport]) -> list[Column]:
+    picked = [s.probabilistic if s else None for s in _at(reports, setting)]
+    return _tau_columns(setting, "prob ", picked) if any(picked) else []
+
+
+def _trees(group: str, at: Sequence[SetSummary | None]) -> list[Column]:
+    """Each DDTree budget's and EAGLE tree's tau (trees are walked on greedy responses only)."""
+    budgets = sorted({b for s in at if s for b in s.trees})
+    shapes = sorted({k for s in at if s for k in s.eagle_trees}, key=lambda k: [int(x) for x in k.split(",")])
+    columns = []
+    for b in budgets:
+        columns += _tau_columns(group, f"ddtree-{b} ", [s.trees.get(b) if s else None for s in at])
+    for k in shapes:
+        columns += _tau_columns(group, f"eagle-{k} ", [s.eagle_trees.get(k) if s else None for s in at])
+    return columns
+
+
+def _set_columns(name: str, found: Sequence[str], reports: Sequence[EvalReport]) -> list[Column]:
+    """One set's chain per setting, and its trees at T = 0."""
+    sets = [r.summary.by_set.get(name) for r in reports]
+    columns = []
+    for setting in found:
+        at = [by_setting(s).get(setting) if s else None for s in sets]
+        columns += _tau_columns(f"{name} {setting}", "", [s.chain if s else None for s in at])
+    return columns + _trees(
+        f"{name} {GREEDY_SETTING} trees", [by_setting(s).get(GREEDY_SETTING) if s else None for s in sets]
+    )
+
+
+def compare_json(reports: Sequence[EvalReport]) -> str:
+    """Every report's summaries (the per-prompt rounds left out) with its run label, the conventions of
+    its two taus and the caveats, as one JSON document."""
+    ordered = sorted(reports, key=by_run)
+    body = {
+        "tau_conventions": {
+            "mean_tau": f"{PER_PROMPT}: mean over prompts of each prompt's mean round tau (DFlash, SGLang)",
+            "tokens_per_round": f"{POOLED}: total tokens / total rounds = 1 + accepted/drafts (vLLM)",
+        },
+        "warnings": caveats(ordered),
+        "reports": [
+            {"run": run_label(r), "run_name": run_name(r), "options": run_options(r)}
+            | r.model_dump(mode="json", exclude={"prompts"})
+            for r in ordered
+        ],
+    }
+    return json.dumps(body, indent=2)
 
 
 def max_round_tau(report: EvalReport) -> int:
@@ -95,27 +172,9 @@ def max_round_tau(report: EvalReport) -> int:
     return report.drafting.longest_round
 
 
-def _set_column(name: str, kind: str) -> str:
-    """`gsm8k:chain`, `gsm8k:ddtree-8`, `gsm8k:eagle-10,7,60`: one column group per set."""
-    return f"{name}:{kind if kind == 'chain' else ('eagle-' if ',' in kind else 'ddtree-') + kind}"
-
-
-def _width(name: str, kind: str) -> int:
-    return max(8, len(_set_column(name, kind)))
-
-
-def _set_tau(r: EvalReport, name: str, kind: str) -> TauSummary | None:
-    s = r.summary.by_set.get(name)
-    if s is None:
-        return None
-    if kind == "chain":
-        return s.chain
-    return s.eagle_trees.get(kind) if "," in kind else s.trees.get(int(kind))
-
-
 def acceptance_curve(summary: TauSummary, longest: int) -> list[float]:
-    """P(round tau >= k) for k = 1..longest, from the round histogram."""
+    """P(round tau >= k) for k = 2..longest, from the round histogram (k = 1 is every round: always 1)."""
     rounds = summary.total_rounds
     if not rounds:
-        return [0.0] * longest
-    return [sum(n for tau, n in summary.histogram.items() if tau >= k) / rounds for k in range(1, longest + 1)]
+        return [0.0] * (longest - 1)
+    return [sum(n for tau, n in summary.histogram.items() if tau >= k) / rounds for k in range(2, longest + 1)]

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
+from eval_worker.reports.conventions import PER_PROMPT, POOLED, TAU_LEGEND, fmt
+from eval_worker.reports.sampling_settings import by_setting
 from schemas.report import DFlashDrafting, Eagle3Drafting, EvalReport, ExpectedSummary, SetSummary, TauSummary
 from schemas.sampling import GREEDY_SETTING
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
 
 
 def _row(name: str, s: TauSummary) -> str:
     hist = " ".join(f"{tau}:{n}" for tau, n in s.histogram.items())
     return (
-        f"{name:<16} {_fmt(s.mean_tau):>8} {_fmt(s.stderr):>7} {_fmt(s.tokens_per_round):>11} {s.total_rounds:>7} "
+        f"{name:<22} {fmt(s.mean_tau):>10} {fmt(s.stderr):>7} {fmt(s.tokens_per_round):>7} {s.total_rounds:>7} "
         f"{s.prompts_evaluated:>7}  {hist}"
     )
 
@@ -21,7 +19,7 @@ def _row(name: str, s: TauSummary) -> str:
 def _expected_row(name: str, s: ExpectedSummary) -> str:
     rounds = "-"  # expected rounds are not whole
     return (
-        f"{name:<16} {_fmt(s.mean_tau):>8} {_fmt(s.stderr):>7} {_fmt(s.tokens_per_round):>11} {rounds:>7} "
+        f"{name:<22} {fmt(s.mean_tau):>10} {fmt(s.stderr):>7} {fmt(s.tokens_per_round):>7} {rounds:>7} "
         f"{s.prompts_evaluated:>7}"
     )
 
@@ -37,15 +35,17 @@ def _rows(s: SetSummary, prefix: str = "") -> list[str]:
 
 
 def _by_sampling(s: SetSummary) -> list[str]:
-    """One block per sampling setting of the responses, when any was sampled (T > 0)."""
-    if set(s.by_sampling) <= {GREEDY_SETTING}:
-        return []
-    if len(s.by_sampling) == 1:
-        return ["", f"every response sampled at {next(iter(s.by_sampling))}"]
-    lines = ["", "by sampling setting of the responses (chain: greedy drafting; probabilistic: expected)"]
-    for setting, summary in s.by_sampling.items():
-        lines += [f"  {setting}", *("  " + line for line in _rows(summary))]
-    return lines
+    """The rows per sampling setting of the responses, T = 0 first; where settings mix, the rows over all
+    prompts last, labelled as such (their tau averages greedy and sampled responses together)."""
+    found = by_setting(s)
+    if len(found) == 1:
+        setting = next(iter(found))
+        note = [] if setting == GREEDY_SETTING else [f"every response sampled at {setting}"]
+        return _rows(s) + note
+    lines = ["by sampling setting of the responses (chain: greedy drafting; probabilistic: expected)"]
+    for setting, summary in found.items():
+        lines += [setting, *_rows(summary, "  ")]
+    return [*lines, "all prompts, settings mixed", _row("  chain", s.chain)]
 
 
 def _drafter(r: EvalReport) -> str:
@@ -91,12 +91,12 @@ def format_report(report: EvalReport) -> str:
         *_loading(report),
         f"captured by {_counted(report.summary.captures)}; responses by {_counted(report.summary.generators)}",
         "",
-        f"{'drafts':<16} {'tau':>8} {'s.e.':>7} {'tok/round':>11} {'rounds':>7} {'prompts':>7}  round-tau histogram",
-        *_rows(report.summary),
+        f"{'drafts':<22} {PER_PROMPT:>10} {'s.e.':>7} {POOLED:>7} {'rounds':>7} {'prompts':>7}  round-tau histogram",
         *_by_sampling(report.summary),
         "",
-        f"tau = mean over prompts of each prompt's mean round tau (bonus token counted), s.e. its standard error "
-        f"over prompts; {report.summary.wall_time_s:.1f} s on {report.device}",
+        TAU_LEGEND,
+        f"s.e.: standard error of per-prompt over prompts; bonus token counted; "
+        f"{report.summary.wall_time_s:.1f} s on {report.device}",
     ]
     if report.summary.prompts_not_target_greedy:
         lines.append(

@@ -178,4 +178,4 @@ def test_jobs_and_compare_show_both_families(
     assert report.drafting.steps == 4 and report.step == 40  # the checkpoint's own speculative_tokens
     assert main(["compare", "--server", url, "--plot", str(tmp_path / "tau.png")]) == 0
     table = capsys.readouterr().out
-    assert "eagle3" in table and f"eagle-{TREE.key}" in table
+    assert f"EAGLE-3 4 steps, tree {TREE.key}" in table  # the run's label

@@ -119,7 +119,7 @@ def test_greedy_drafting_at_t1_agrees_exactly_on_the_engines_own_paths(
     assert sum(a.token_ids != b.token_ids for a, b in zip(paths, greedy, strict=True)) >= 6
     assert f"sampling {report.setting}, seed 0 per prompt, greedy drafting" in printed
     assert "probe: lossless: each of 64 output tokens at T=0.001 has a tail of p_T >= 1e-06" in printed
-    assert "8 of 8 samples agree; tau (1 + accepted / drafts)" in printed
+    assert "8 of 8 samples agree\ntau pooled (1 + accepted/drafts, vLLM): live " in printed
 
 
 @pytest.mark.parametrize("temperature", ["1", "0.1"])
@@ -182,7 +182,7 @@ def test_t0_is_todays_parity_and_never_sends_a_registered_path(
     lines = capsys.readouterr().out.splitlines()
     assert code == ExitCode.ok and report.agreeing == len(report.prompts) == 8 and report.probe is None
     assert lines[1].split() == ["prompt", "tokens", "live", "drafts/acc", "offline", "rounds/acc", "verdict"]
-    assert lines[-1].startswith("8 of 8 prompts agree; tau (1 + accepted / drafts): live ")
+    assert lines[-2] == "8 of 8 prompts agree" and lines[-1].startswith("tau pooled (1 + accepted/drafts, vLLM): live ")
     assert main([*argv, "--samples", "2"]) == ExitCode.usage  # T = 0 is greedy: one sample
 
 

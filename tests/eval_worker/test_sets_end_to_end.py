@@ -64,7 +64,7 @@ def test_a_job_on_two_sets_equals_each_set_alone(
             assert main([*argv, "--out", str(out)]) == 0
             alone[name] = EvalReport.model_validate_json(out.read_text())
         capsys.readouterr()
-        assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+        assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--wide"]) == 0
         table = capsys.readouterr().out
     assert report.summary.prompts_evaluated == 8 and sorted(report.summary.by_set) == ["a", "b"]
     for name, members in (("a", in_a), ("b", in_b)):
@@ -72,4 +72,5 @@ def test_a_job_on_two_sets_equals_each_set_alone(
         assert mine.prompts_evaluated == theirs.prompts_evaluated == len(members)
         assert (mine.chain, mine.trees) == (theirs.chain, theirs.trees)
         assert alone[name].summary.by_set[name].chain == theirs.chain  # alone, the set is the whole run
-    assert "a:chain" in table and "b:ddtree-3" in table
+    head = table.splitlines()[0]  # a column group per set: its chain per setting, its trees
+    assert "a T=0" in head and "b T=0 trees" in head and "ddtree-3 per-prompt" in table

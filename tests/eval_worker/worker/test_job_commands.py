@@ -76,7 +76,7 @@ def test_submit_wait_watch_and_compare(
     capsys.readouterr()
     assert main(["compare", "--server", url, "--plot", str(tmp_path / "tau.png")]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in table[1:4]] == ["-", "10", "20"]  # by step; the HF dir has none
+    assert [line.split()[0] for line in table[2:5]] == ["-", "10", "20"]  # by run, then step; the HF dir has none
     assert (tmp_path / "tau.png").read_bytes()[:4] == b"\x89PNG"
 
 
