@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 _COLUMNS = 3
+_FEW_STEPS = 8  # up to this many distinct steps, each gets its tick
 _TREE_STYLES = ("--", ":", "-.")
 _TREE_MARKERS = ("s", "^", "D", "v", "P")
 
@@ -63,10 +64,12 @@ def _tree(s: SetSummary | None, kind: int | str) -> TauSummary | None:
     return s.trees.get(kind) if isinstance(kind, int) else s.eagle_trees.get(kind)
 
 
-def _int_ticks(ax: Any) -> None:
-    from matplotlib.ticker import MaxNLocator
+def _ticks(ax: Any, steps: Sequence[int] = ()) -> None:
+    """Whole numbers on the x axis (at the steps themselves when there are few), several on the y axis."""
+    from matplotlib.ticker import FixedLocator, MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=6))
+    few = sorted(set(steps))
+    ax.xaxis.set_major_locator(FixedLocator(few) if 0 < len(few) <= _FEW_STEPS else MaxNLocator(integer=True, nbins=6))
     ax.yaxis.set_major_locator(MaxNLocator(nbins=7))
     ax.grid(alpha=0.3)
 
@@ -109,8 +112,10 @@ def figure(reports: Sequence[EvalReport]) -> Figure:
     _acceptance(axes[panels - 1], runs, colors)
     for ax in tau_axes[1:]:
         ax.sharey(tau_axes[0])
-    for ax in axes[:panels]:
-        _int_ticks(ax)
+    steps = [_step(r) for r in reports]
+    for ax in tau_axes:
+        _ticks(ax, steps)
+    _ticks(axes[panels - 1])
     _legend(axes[panels], runs, colors, trees)
     for ax in axes[panels + 1 :]:
         ax.axis("off")
