@@ -76,7 +76,9 @@ def test_submit_wait_watch_and_compare(
     capsys.readouterr()
     assert main(["compare", "--server", url, "--plot", str(tmp_path / "tau.png")]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in table[2:5]] == ["-", "10", "20"]  # by run, then step; the HF dir has none
+    # by run, then step: the HF dir has no step; step_10 was submitted with a DDTree, a run of its own
+    assert [line.split()[:2] for line in table[2:5]] == [["-", "hf_30:"], ["20", "v1:"], ["10", "v1:"]]
+    assert ", ddtree 4" in table[4] and "ddtree" not in table[3]
     assert (tmp_path / "tau.png").read_bytes()[:4] == b"\x89PNG"
 
 
