@@ -100,11 +100,11 @@ def _prompt(rng: random.Random, run: Run, accept: float, pid: str, sampling: Sam
     )
 
 
-def _prompts(run: Run, step: int) -> list[PromptEval]:
+def _prompts(run: Run, step: int, sampled: Sequence[SamplingParams]) -> list[PromptEval]:
     rng = random.Random(f"{run.path}{run.drafting}{step}")
     accept = run.skill * step / max(run.steps) if len(run.steps) > 1 else run.skill
     out = [_prompt(rng, run, accept, f"g{i}", None) for i in range(PROMPTS)]
-    for n, setting in enumerate(SAMPLED):
+    for n, setting in enumerate(sampled):
         for i in range(PROMPTS):
             for j in range(SAMPLES):
                 sampling = setting.model_copy(update={"seed": j})
@@ -112,8 +112,8 @@ def _prompts(run: Run, step: int) -> list[PromptEval]:
     return out
 
 
-def _report(run: Run, step: int) -> EvalReport:
-    prompts = _prompts(run, step)
+def _report(run: Run, step: int, sampled: Sequence[SamplingParams]) -> EvalReport:
+    prompts = _prompts(run, step, sampled)
     budgets = run.drafting.tree_budgets if isinstance(run.drafting, DFlashDrafting) else []
     shapes = run.drafting.eagle_trees if isinstance(run.drafting, Eagle3Drafting) else []
     members = {
@@ -145,6 +145,6 @@ def _report(run: Run, step: int) -> EvalReport:
     )
 
 
-def leaderboard_reports(runs: Sequence[Run] = RUNS) -> list[EvalReport]:
+def leaderboard_reports(runs: Sequence[Run] = RUNS, sampled: Sequence[SamplingParams] = SAMPLED) -> list[EvalReport]:
     """Every checkpoint of `runs` evaluated: one report per run and step."""
-    return [_report(run, step) for run in runs for step in run.steps]
+    return [_report(run, step, sampled) for run in runs for step in run.steps]

@@ -71,10 +71,15 @@ def _step_column(reports: Sequence[EvalReport]) -> Column:
 def compare_table(reports: Sequence[EvalReport], *, wide: bool = False) -> str:
     """The table (every column with `wide`, else what fits `WIDTH`), the legend and the caveats."""
     ordered = sorted(reports, key=by_run)
-    lines = render(_wide_columns(ordered) if wide else _narrow_columns(ordered))
+    columns = _wide_columns(ordered) if wide else _narrow_columns(ordered)
+    lines = render(columns)
     lines += [TAU_LEGEND, "±: standard error of per-prompt over prompts; n: prompts (samples) evaluated"]
     if not wide:
         lines[-1] += "; --wide: layers, trees, sets; --json: all"
+        shown = {c.group for c in columns}
+        hidden = [s for s in settings(ordered) if s not in shown]
+        if hidden:
+            lines.append(f"not shown in {WIDTH} columns (--wide): {', '.join(hidden)}")
     elif len(settings(ordered)) > 1 and any(r.summary.trees or r.summary.eagle_trees for r in ordered):
         lines.append(f"trees: walked on greedy ({GREEDY_SETTING}) responses only")
     return "\n".join(lines + [f"warning: {c}" for c in caveats(ordered)])

@@ -179,3 +179,20 @@ def test_the_command_prints_narrow_wide_and_json(tmp_path: Path, capsys: pytest.
 def test_acceptance_curve_from_histogram_starts_at_two_tokens() -> None:
     summary = _report(1, [[4, 4, 1], [2]], [[1, 1, 1], [1]]).summary.chain
     assert acceptance_curve(summary, 4) == pytest.approx([0.75, 0.5, 0.5])  # k = 2, 3, 4 (k = 1 is always 1)
+
+
+def test_settings_beyond_120_columns_are_named_for_wide() -> None:
+    sampled = [SamplingParams(temperature=t, seed=0) for t in (0.2, 0.4, 0.6, 0.8, 1.0)]
+    reports = leaderboard_reports(sampled=sampled)
+    lines = compare_table(reports).splitlines()
+    assert max(map(len, lines)) <= WIDTH
+    assert lines[0].split() == ["T=0", "T=0.2", "T=0.4"]  # T = 0 first, then by temperature
+    assert "not shown in 120 columns (--wide): T=0.6, T=0.8, T=1" in lines
+    assert compare_table(reports, wide=True).splitlines()[0].split()[:6] == [
+        "T=0",
+        "T=0.2",
+        "T=0.4",
+        "T=0.6",
+        "T=0.8",
+        "T=1",
+    ]
