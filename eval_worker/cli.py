@@ -292,7 +292,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress bar
     try:
         _check_spec(args)
-        return int(args.func(args, args.build_settings(args)))
+        settings = args.build_settings(args)
+        if isinstance(settings, EvaluateSettings):  # the commands that walk drafters
+            from eval_worker.threads import use_cpu_threads
+
+            use_cpu_threads(settings)
+        return int(args.func(args, settings))
     except Exception as e:
         code = _stopped(e, args.command)
         if code is None:

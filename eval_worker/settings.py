@@ -94,6 +94,13 @@ class EvaluateSettings(ConnectionSettings):
         description="directory of the target's heads kept between runs, shared by workers "
         "(default ~/.cache/hidden-state-cache/heads)",
     )
+    threads: int | None = Field(
+        default=None,
+        ge=0,
+        description="torch threads for the drafter math on CPU (default: 1, or torch's own when OMP_NUM_THREADS "
+        "is set; 0: torch's own, one per core). A drafter's small matrix ops gain little from more "
+        "threads and stall badly when other work shares the cores",
+    )
 
 
 class WorkerSettings(EvaluateSettings):
