@@ -21,7 +21,6 @@ CacheServerError
 ├── ServerUnhealthy         a background loop is dead or has failed too long (503, GET /healthz)
 ├── PromptFailed            the target failed on this prompt (409)
 ├── JobFailed               the job failed, so it will never have a report (409)
-├── JobRunning              a running job cannot be deleted (409)
 └── LeaseLost               a worker quoted a lease the job no longer holds (409)
 
 A failed capture is recorded as text in the capture table (`failure_text`), which every server
@@ -164,12 +163,6 @@ class LeaseLost(CacheServerError):
     """The lease a worker quoted is no longer the job's: it expired and was claimed again, or ended."""
 
     code = ErrorCode.lease_lost
-
-
-class JobRunning(CacheServerError):
-    """A running job cannot be deleted; it can once it is done or failed."""
-
-    code = ErrorCode.job_running
 
 
 # -- failed captures: recorded as text in the capture table, read back by every server ----------------

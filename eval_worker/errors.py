@@ -3,7 +3,8 @@
 EvalWorkerError
  ├── CheckpointRefused   the checkpoint does not load strictly or does not fit the target
  ├── FeatureMismatch     served features are not the ones requested (layers, target, shape)
- └── NothingToWalk       no prompt (of the run, or of a set) has a response to draft on (a ValueError)
+ ├── NothingToWalk       no prompt (of the run, or of a set) has a response to draft on (a ValueError)
+ └── WalkStopped         the walk was stopped before its end (a cancelled job)
 """
 
 from __future__ import annotations
@@ -23,3 +24,7 @@ class FeatureMismatch(EvalWorkerError):
 
 class NothingToWalk(EvalWorkerError, ValueError):
     """None of the prompts asked for has a response to draft on: finished chats, registered to train on."""
+
+
+class WalkStopped(EvalWorkerError):
+    """A checkpoint's walk was stopped before its end (`WalkProgress.stop`: its job was cancelled)."""

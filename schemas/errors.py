@@ -36,7 +36,6 @@ class ErrorCode(StrEnum):
     # 409: the resource is in a state that refuses the request
     prompt_failed = "prompt_failed"
     job_failed = "job_failed"
-    job_running = "job_running"
     lease_lost = "lease_lost"
     # 503: still computing; Retry-After says when to ask again
     prompt_not_ready = "prompt_not_ready"
@@ -74,7 +73,6 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.method_not_allowed: 405,
     ErrorCode.prompt_failed: 409,
     ErrorCode.job_failed: 409,
-    ErrorCode.job_running: 409,
     ErrorCode.lease_lost: 409,
     ErrorCode.prompt_not_ready: 503,
     ErrorCode.stored_data_corrupt: 503,

@@ -19,12 +19,39 @@ MAX_ERROR_CHARS = 20000
 
 
 class JobStatus(StrEnum):
-    """Where a job is in its life."""
+    """Where a job is in its life: queued -> running -> done or failed (a retryable failure queues it
+    again while attempts remain); `DELETE` of a running job makes it cancelling until its worker stops
+    (at its next renewal), then cancelled. done, failed and cancelled are final."""
 
     queued = "queued"
     running = "running"
     done = "done"
     failed = "failed"
+    cancelling = "cancelling"
+    cancelled = "cancelled"
+
+
+FINISHED = (JobStatus.done, JobStatus.failed, JobStatus.cancelled)
+
+
+class JobProgress(BaseModel):
+    """How far a running job's worker has walked its prompts, sent with each lease renewal."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompts_walked: int = Field(ge=0, description="prompts every walk of the job has finished")
+    prompts_total: int = Field(ge=0, description="the job's prompts")
+    rounds: int = Field(ge=0, description="drafter rounds (blocks drafted) so far, all walks together")
+    elapsed_s: float = Field(ge=0, description="seconds since the walking began")
+    eta_s: float | None = Field(
+        default=None, ge=0, description="seconds left at the rate so far (None until a prompt is walked)"
+    )
+    reported_at: datetime | None = Field(default=None, description="when the server received it (set by it)")
+
+    @model_validator(mode="after")
+    def _walked_of_total(self) -> JobProgress:
+        if self.prompts_walked > self.prompts_total:
+            raise ValueError(f"prompts_walked {self.prompts_walked} exceeds prompts_total {self.prompts_total}")
+        return self
 
 
 class JobSubmit(EvalSpec):
@@ -122,6 +149,9 @@ class JobState(BaseModel):
     finished_at: datetime | None
     lease_expires_at: datetime | None = Field(description="set while running")
     error: str | None = Field(description="the latest failure; kept across retries, cleared when done")
+    progress: JobProgress | None = Field(
+        default=None, description="the walk so far, as the worker last reported it (None before its first report)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -175,6 +205,7 @@ class RenewRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     lease: str = Field(min_length=1)
     lease_s: float | None = Field(default=None, gt=0, le=MAX_LEASE_S, description="default: the claim's")
+    progress: JobProgress | None = Field(default=None, description="the walk so far, shown in the job's state")
 
 
 class CompleteRequest(BaseModel):

@@ -111,12 +111,19 @@ def job_state(job_id: str, jobs: JobsDep) -> JobState:
     "/{job_id}",
     status_code=204,
     dependencies=[WriteAccess],
-    responses=error_responses(E.unauthorized, E.job_not_found, E.job_running),
+    response_model=None,
+    responses={
+        202: {"model": JobState, "description": "the job was running: it is cancelling until its worker stops"},
+        **error_responses(E.unauthorized, E.job_not_found),
+    },
 )
 def delete(job_id: str, jobs: JobsDep) -> Response:
-    """Remove a job that is not running, with its report."""
-    jobs.delete(job_id)
-    return Response(status_code=204)
+    """Remove a job that is not running, with its report (204); cancel a running one (202: its state,
+    cancelling, then cancelled once its worker has stopped, at its next lease renewal)."""
+    cancelling = jobs.delete(job_id)
+    if cancelling is None:
+        return Response(status_code=204)
+    return Response(content=cancelling.model_dump_json(), status_code=202, media_type="application/json")
 
 
 @jobs_router.get(
@@ -131,8 +138,9 @@ def report(job_id: str, jobs: JobsDep) -> Response:
 
 @jobs_router.post("/{job_id}/renew", dependencies=[WriteAccess], responses=error_responses(*_LEASED))
 def renew(job_id: str, body: RenewRequest, jobs: JobsDep) -> JobState:
-    """Extend a running job's lease from now (by the claim's lease_s unless given)."""
-    return jobs.renew(job_id, body.lease, body.lease_s)
+    """Extend a running job's lease from now (by the claim's lease_s unless given), storing the walk's
+    progress when sent; the state answered says `cancelling` once the job's cancel was asked."""
+    return jobs.renew(job_id, body.lease, body.lease_s, body.progress)
 
 
 @jobs_router.post("/{job_id}/complete", dependencies=[WriteAccess], responses=error_responses(*_LEASED))

@@ -14,7 +14,6 @@ CacheClientError
     ├── ConflictError           409: the resource's state refuses the request
     │   ├── PromptFailedError       prompt_failed: the target failed on the prompt
     │   ├── JobFailedError          job_failed: the job failed, it will never have a report
-    │   ├── JobRunningError         job_running: a running job cannot be deleted
     │   └── LeaseLostError          lease_lost: the lease was taken over or the job ended
     ├── NotReadyError           503: still computing (retry_after_s says when to ask again)
     └── ServerError             5xx: a failure on the server (logged there)
@@ -88,10 +87,6 @@ class JobFailedError(ConflictError):
     """409 job_failed: the job failed for good."""
 
 
-class JobRunningError(ConflictError):
-    """409 job_running: a running job cannot be deleted."""
-
-
 class LeaseLostError(ConflictError):
     """409 lease_lost: this worker no longer holds the job; its result was not stored."""
 
@@ -123,7 +118,6 @@ _BY_CODE: dict[ErrorCode, type[ApiError]] = {
     ErrorCode.method_not_allowed: ApiError,
     ErrorCode.prompt_failed: PromptFailedError,
     ErrorCode.job_failed: JobFailedError,
-    ErrorCode.job_running: JobRunningError,
     ErrorCode.lease_lost: LeaseLostError,
     ErrorCode.prompt_not_ready: NotReadyError,
     ErrorCode.stored_data_corrupt: NotReadyError,

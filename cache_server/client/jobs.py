@@ -14,18 +14,18 @@ from cache_server.client.cache import CacheClient
 from cache_server.client.errors import ProtocolError
 from schemas.eval_spec import EvalSpec
 from schemas.jobs import (
+    FINISHED,
     Claim,
     ClaimRequest,
     CompleteRequest,
     FailRequest,
+    JobProgress,
     JobState,
     JobStatus,
     JobSubmit,
     RenewRequest,
 )
 from schemas.report import EvalReport
-
-_FINISHED = (JobStatus.done, JobStatus.failed)
 
 
 class JobsClient:
@@ -65,9 +65,11 @@ class JobsClient:
         items = self.client.paged("/jobs", "jobs", status.value if status else None)
         return [JobState.model_validate(j) for j in items]
 
-    def delete(self, job_id: str) -> None:
-        """Remove a job that is not running, with its report (409 job_running otherwise)."""
-        self._call("DELETE", f"/jobs/{job_id}")
+    def delete(self, job_id: str) -> JobState | None:
+        """Remove a job that is not running, with its report (None); cancel a running one: its state,
+        cancelling until its worker stops, then cancelled."""
+        response = self._call("DELETE", f"/jobs/{job_id}")
+        return JobState.model_validate(response.json()) if response.status_code == 202 else None
 
     def report(self, job_id: str) -> EvalReport:
         """The report of a done job; ReportNotReadyError before, JobFailedError if it failed."""
@@ -78,11 +80,11 @@ class JobsClient:
             raise ProtocolError(f"job {job_id}'s report is not an EvalReport: {e}") from e
 
     def wait(self, job_id: str, timeout_s: float = 3600.0, poll_s: float = 1.0) -> JobState:
-        """Poll until the job is done or failed (check `.status`); TimeoutError past `timeout_s`."""
+        """Poll until the job is done, failed or cancelled (check `.status`); TimeoutError past `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while True:
             state = self.job(job_id)
-            if state.status in _FINISHED:
+            if state.status in FINISHED:
                 return state
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {state.status} after {timeout_s:.0f} s")
@@ -98,9 +100,12 @@ class JobsClient:
             return None
         return Claim.model_validate(response.json())
 
-    def renew(self, job_id: str, lease: str, lease_s: float | None = None) -> JobState:
-        """Extend the lease from now; LeaseLostError once the job is no longer this lease's."""
-        body = RenewRequest(lease=lease, lease_s=lease_s).model_dump(mode="json", exclude_none=True)
+    def renew(
+        self, job_id: str, lease: str, lease_s: float | None = None, progress: JobProgress | None = None
+    ) -> JobState:
+        """Extend the lease from now, reporting `progress` when given; LeaseLostError once the job is no
+        longer this lease's. The state's status is `cancelling` once the job's cancel was asked: stop."""
+        body = RenewRequest(lease=lease, lease_s=lease_s, progress=progress).model_dump(mode="json", exclude_none=True)
         return self._state("POST", f"/jobs/{job_id}/renew", json=body)
 
     def complete(self, job_id: str, lease: str, report: EvalReport | dict[str, Any]) -> JobState:

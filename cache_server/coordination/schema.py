@@ -3,7 +3,8 @@ it, on SQLite and Postgres alike, in the serialized transaction that opens it.
 
 Versions 1-4 were the jobs table's own, kept in SQLite's `PRAGMA user_version` before the
 `schema_version` table existed (Postgres databases started at 4). Version 7 keeps a job's options as
-one `spec` column (the job's `EvalSpec`), filled from the columns that held them one each. A database
+one `spec` column (the job's `EvalSpec`), filled from the columns that held them one each; version 8
+adds a running job's progress and its cancellation. A database
 that names a newer version than this server knows is refused rather than written with an older schema."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy import Connection, inspect, select
 from cache_server.coordination.tables import JOBS, METADATA, SCHEMA_VERSION_TABLE
 from schemas.eval_spec import EvalSpec
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 Step = str | Callable[[Connection], None]  # SQL, or Python written once for both dialects
 
 
@@ -68,6 +69,7 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
     4: ("CREATE INDEX IF NOT EXISTS jobs_claim_order ON jobs (status, seq)",),
     5: ("ALTER TABLE jobs ADD COLUMN draft_sampling TEXT NOT NULL DEFAULT 'greedy'",),
     6: ("ALTER TABLE jobs ADD COLUMN spec TEXT NOT NULL DEFAULT '{}'", _specs_from_columns),
+    7: ("ALTER TABLE jobs ADD COLUMN progress TEXT", "ALTER TABLE jobs ADD COLUMN cancel_requested_at FLOAT"),
 }
 _LEGACY_TABLES = {"registrations", "set_members", "captures", "jobs"}
 

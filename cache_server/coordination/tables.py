@@ -85,6 +85,10 @@ JOBS = Table(
     Column("lease_expires_at", Float),
     Column("error", Text),
     Column("report", Text),  # EvalReport JSON, set once when done
+    Column("progress", Text),  # JobProgress JSON, as the worker last reported it with a renewal
+    # Set by DELETE of a running job: `status` keeps its four values (older tables check them), and
+    # running + this is "cancelling", failed + this is "cancelled" (`cache_server/jobs/rows.py`).
+    Column("cancel_requested_at", Float),
     Index("jobs_by_status", "status"),
     Index("jobs_claim_order", "status", "seq"),  # claims and listings: oldest of a status first
 )

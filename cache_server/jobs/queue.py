@@ -1,4 +1,5 @@
-"""Checkpoint evaluation jobs in the coordination database: submit, claim under a lease, finish.
+"""Checkpoint evaluation jobs in the coordination database: submit, claim under a lease, report
+progress with the renewals, finish; cancel a running job (its worker learns it at its next renewal).
 
 Every change locks the rows it reads (`SELECT ... FOR UPDATE`, claims `SKIP LOCKED`; SQLite
 serializes its writes), so two claimers never get the same job and a job stores exactly one report: a
@@ -14,16 +15,17 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Text, and_, cast, func, literal, or_, select
+from sqlalchemy import Connection, Text, and_, case, cast, func, literal, or_, select
 
 from cache_server.coordination.database import Database, max_seq
 from cache_server.coordination.tables import JOBS
-from cache_server.errors import JobFailed, JobNotFound, JobRunning, LeaseLost, ReportNotReady
-from cache_server.jobs.rows import STATE_COLUMNS, job_state
-from schemas.jobs import JobPage, JobState, JobStatus, JobSubmit
+from cache_server.errors import JobFailed, JobNotFound, LeaseLost, ReportNotReady
+from cache_server.jobs.rows import STATE_COLUMNS, job_state, status_is, wire_status
+from schemas.jobs import JobPage, JobProgress, JobState, JobStatus, JobSubmit
 
 Row = Mapping[Any, Any]
 
@@ -89,7 +91,7 @@ class JobStore:
 
     def page(self, offset: int = 0, limit: int = 100, status: JobStatus | None = None) -> JobPage:
         """Jobs in submission order."""
-        where = JOBS.c.status == status.value if status is not None else literal(True)
+        where = status_is(status) if status is not None else literal(True)
         self._settle_exhausted()
         with self.db.read() as c:
             total = c.execute(select(func.count()).select_from(JOBS).where(where)).scalar_one()
@@ -97,13 +99,18 @@ class JobStore:
             jobs = [job_state(r._mapping) for r in rows]
         return JobPage(jobs=jobs, total=total, offset=offset, limit=limit)
 
-    def delete(self, job_id: str) -> None:
-        """Remove a job that is not running, with its report (its row locked: no claim slips in)."""
+    def delete(self, job_id: str) -> JobState | None:
+        """Remove a job that is not running, with its report (its row locked: no claim slips in); a
+        running one is cancelled instead: its state, cancelling until its worker stops."""
         self._settle_exhausted()
         with self.db.transaction() as c:
-            if self._row(c, job_id, JOBS.c.status, lock=True)["status"] == JobStatus.running:
-                raise JobRunning(f"job {job_id} is running; it can be deleted once it is done or failed")
+            row = self._row(c, job_id, JOBS.c.status, JOBS.c.cancel_requested_at, lock=True)
+            if row["status"] == JobStatus.running:
+                if row["cancel_requested_at"] is None:
+                    c.execute(JOBS.update().where(JOBS.c.job_id == job_id).values(cancel_requested_at=self._now()))
+                return self._get(c, job_id)
             c.execute(JOBS.delete().where(JOBS.c.job_id == job_id))
+            return None
 
     def done_reports(self, offset: int = 0, limit: int = 100) -> tuple[list[tuple[JobState, str]], int]:
         """Done jobs in submission order with their EvalReport JSON, and how many are done in all."""
@@ -126,14 +133,16 @@ class JobStore:
         """The stored EvalReport JSON of a done job."""
         self._settle_exhausted()
         with self.db.read() as c:
-            row = self._row(c, job_id, JOBS.c.status, JOBS.c.attempts, JOBS.c.max_attempts, JOBS.c.error, JOBS.c.report)
-        if row["status"] == JobStatus.done:
+            cols = ("status", "cancel_requested_at", "attempts", "max_attempts", "error", "report")
+            row = self._row(c, job_id, *(JOBS.c[n] for n in cols))
+        status = wire_status(row["status"], row["cancel_requested_at"])
+        if status == JobStatus.done:
             return str(row["report"])
-        if row["status"] == JobStatus.failed:
-            raise JobFailed(f"job {job_id} failed, so it has no report: {row['error']}")
+        if status in (JobStatus.failed, JobStatus.cancelled):
+            what = "failed" if status == JobStatus.failed else "was cancelled"
+            raise JobFailed(f"job {job_id} {what}, so it has no report: {row['error']}")
         raise ReportNotReady(
-            f"job {job_id} is {row['status']} (attempt {row['attempts']} of {row['max_attempts']}); "
-            "its report is not ready"
+            f"job {job_id} is {status} (attempt {row['attempts']} of {row['max_attempts']}); its report is not ready"
         )
 
     # -- worker protocol ------------------------------------------------------------------------
@@ -142,7 +151,10 @@ class JobStore:
         """The oldest queued job, or running one whose lease expired, now leased to `worker`."""
         self._settle_exhausted()
         now = self._now()
-        claimable = or_(JOBS.c.status == "queued", and_(JOBS.c.status == "running", JOBS.c.lease_expires_at <= now))
+        expired = and_(
+            JOBS.c.status == "running", JOBS.c.lease_expires_at <= now, JOBS.c.cancel_requested_at.is_(None)
+        )  # an expired cancelling job is settled cancelled, never run again
+        claimable = or_(JOBS.c.status == "queued", expired)
         if not self.db.any(select(JOBS.c.job_id).where(claimable)):  # an idle worker's poll takes no lock
             return None
         with self.db.transaction() as c:
@@ -171,20 +183,26 @@ class JobStore:
                     started_at=now,
                     lease_expires_at=now + lease_s,
                     error=func.coalesce(error, JOBS.c.error),
+                    progress=None,
                 )
             )
             return Leased(self._get(c, row.job_id), lease)
 
-    def renew(self, job_id: str, lease: str, lease_s: float | None = None) -> JobState:
-        """Extend a held lease by `lease_s` (default: the claim's) from now."""
+    def renew(
+        self, job_id: str, lease: str, lease_s: float | None = None, progress: JobProgress | None = None
+    ) -> JobState:
+        """Extend a held lease by `lease_s` (default: the claim's) from now, storing the worker's
+        `progress` when given; the state says cancelling once the job's cancel was asked."""
         self._settle_exhausted()
         now = self._now()
         with self.db.transaction() as c:
             held = self._held(c, job_id, lease)
             seconds = lease_s if lease_s is not None else float(held["lease_s"])
-            c.execute(
-                JOBS.update().where(JOBS.c.job_id == job_id).values(lease_expires_at=now + seconds, lease_s=seconds)
-            )
+            values: dict[str, Any] = {"lease_expires_at": now + seconds, "lease_s": seconds}
+            if progress is not None:
+                stamped = progress.model_copy(update={"reported_at": datetime.fromtimestamp(now, UTC)})
+                values["progress"] = stamped.model_dump_json()
+            c.execute(JOBS.update().where(JOBS.c.job_id == job_id).values(**values))
             return self._get(c, job_id)
 
     def complete(self, job_id: str, lease: str, report_json: str) -> JobState:
@@ -207,41 +225,53 @@ class JobStore:
             return self._get(c, job_id)
 
     def fail(self, job_id: str, lease: str, error: str, *, retryable: bool) -> JobState:
-        """Give a held job back: queued again if retryable with attempts left, else failed."""
+        """Give a held job back: queued again if retryable with attempts left, else failed (cancelled,
+        whatever the error, once its cancel was asked)."""
         self._settle_exhausted()
         with self.db.transaction() as c:
             held = self._held(c, job_id, lease)
             attempts, most = held["attempts"], held["max_attempts"]
-            if retryable and attempts < most:
+            if held["cancel_requested_at"] is not None:
+                error = f"cancelled: {error}"
+            elif retryable and attempts < most:
                 c.execute(
                     JOBS.update()
                     .where(JOBS.c.job_id == job_id)
                     .values(status="queued", lease=None, lease_expires_at=None, error=error)
                 )
-            else:
-                if retryable:
-                    error = f"{error} (gave up after {attempts} attempts)"
-                c.execute(
-                    JOBS.update()
-                    .where(JOBS.c.job_id == job_id)
-                    .values(status="failed", finished_at=self._now(), lease=None, lease_expires_at=None, error=error)
-                )
+                return self._get(c, job_id)
+            elif retryable:
+                error = f"{error} (gave up after {attempts} attempts)"
+            c.execute(
+                JOBS.update()
+                .where(JOBS.c.job_id == job_id)
+                .values(status="failed", finished_at=self._now(), lease=None, lease_expires_at=None, error=error)
+            )
             return self._get(c, job_id)
 
     # -- helpers (inside a transaction) ---------------------------------------------------------
 
     def _settle_exhausted(self) -> None:
-        """A running job whose lease expired on its last attempt has failed: say so before any read or
-        change (a lock-free look; a write, serialized, only when there is one)."""
+        """A running job whose lease expired on its last attempt has failed, and a cancelling one whose
+        lease expired is cancelled: say so before any read or change (a lock-free look; a write,
+        serialized, only when there is one)."""
         now = self._now()
+        cancelling = JOBS.c.cancel_requested_at.is_not(None)
         exhausted = and_(
-            JOBS.c.status == "running", JOBS.c.lease_expires_at <= now, JOBS.c.attempts >= JOBS.c.max_attempts
+            JOBS.c.status == "running",
+            JOBS.c.lease_expires_at <= now,
+            or_(JOBS.c.attempts >= JOBS.c.max_attempts, cancelling),
         )
         if not self.db.any(select(JOBS.c.job_id).where(exhausted)):
             return
         worker = func.coalesce(JOBS.c.worker, "?")
-        error = (
-            literal("lease expired on worker ", Text) + worker + " after " + cast(JOBS.c.attempts, Text) + " attempts"
+        error = case(
+            (cancelling, literal("cancelled: the lease expired on worker ", Text) + worker + " before it stopped"),
+            else_=literal("lease expired on worker ", Text)
+            + worker
+            + " after "
+            + cast(JOBS.c.attempts, Text)
+            + " attempts",
         )
         with self.db.transaction(ordered=True) as c:
             c.execute(
@@ -262,7 +292,7 @@ class JobStore:
 
     def _held(self, c: Connection, job_id: str, lease: str) -> Row:
         """The job's row if `lease` is its current lease (expired but not yet taken over counts)."""
-        cols = ("status", "lease", "lease_s", "worker", "attempts", "max_attempts")
+        cols = ("status", "lease", "lease_s", "worker", "attempts", "max_attempts", "cancel_requested_at")
         row = self._row(c, job_id, *(JOBS.c[n] for n in cols), lock=True)
         if row["status"] == JobStatus.running and row["lease"] is not None:
             if secrets.compare_digest(str(row["lease"]).encode(), lease.encode()):

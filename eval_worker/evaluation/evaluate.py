@@ -5,14 +5,17 @@ tau of every response (`prompt_walks.py`).
 Features and heads come from an injected `FeatureSource`; every check happens before any math. The
 checkpoints of a sweep that read the same layers share one pass over the prompts: each prompt's
 features are fetched once (or found resident in the `FeatureCache`) and walked by every checkpoint.
+The walk counts into a `WalkProgress` (prompts walked, rounds, ETA) that the `eval` bar shows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -24,6 +27,7 @@ from eval_worker.evaluation.checks import check_features, check_heads
 from eval_worker.evaluation.feature_cache import FeatureCache, Fetched
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
+from eval_worker.evaluation.progress import WalkProgress
 from eval_worker.evaluation.prompt_walks import fetch_layers, serve_prompt, walk_checkpoint
 from eval_worker.evaluation.responses import rounds_warnings
 from eval_worker.evaluation.source import FeatureSource
@@ -49,12 +53,13 @@ _WHY = {
 class _Run:
     """One checkpoint being evaluated, and what it has cost so far."""
 
+    index: int  # in the evaluation's checkpoints: its counters in the `WalkProgress`
     checkpoint: LoadedCheckpoint
     prompt_ids: list[str]
     started: float
     sets: dict[str, Sequence[str]]  # set name -> its prompt ids, for the per-set summaries
+    cost: DraftCost
     results: dict[str, PromptEval] = field(default_factory=dict)
-    cost: DraftCost = field(default_factory=DraftCost)
     fetched_bytes: int = 0
     cache_hits: int = 0
     fetch_s: float = 0.0
@@ -68,10 +73,17 @@ def evaluate(
     heads_cache: HeadsCache,
     options: EvalOptions | None = None,
     features: FeatureCache | None = None,
+    progress: WalkProgress | None = None,
 ) -> EvalReport:
     """The report of one checkpoint over `prompt_ids` (see `evaluate_many`)."""
     [report] = evaluate_many(
-        source, [checkpoint], [prompt_ids], heads_cache=heads_cache, options=options, features=features
+        source,
+        [checkpoint],
+        [prompt_ids],
+        heads_cache=heads_cache,
+        options=options,
+        features=features,
+        progress=progress,
     )
     return report
 
@@ -85,10 +97,12 @@ def evaluate_many(
     options: EvalOptions | None = None,
     features: FeatureCache | None = None,
     set_members: Sequence[Mapping[str, Sequence[str]]] | None = None,
+    progress: WalkProgress | None = None,
 ) -> list[EvalReport]:
     """One report per checkpoint, checkpoint i evaluated on `prompt_ids[i]`, with features and heads
     from `source` (features resident in `features` are not fetched again); with `set_members[i]`
-    (set name -> its prompt ids), report i is also summarized per set.
+    (set name -> its prompt ids), report i is also summarized per set. The walk counts into
+    `progress` (checkpoint i's counters: i); WalkStopped when a checkpoint's walk is stopped there.
 
     The drafters are moved to the options' device and dtype in place."""
     opts = options or EvalOptions()
@@ -102,15 +116,40 @@ def evaluate_many(
     cache = features if features is not None else FeatureCache(0)
     cache.use_target(info.fingerprint)
     sets = set_members if set_members is not None else [{} for _ in checkpoints]
-    runs = [_Run(c, list(ids), started, dict(m)) for c, ids, m in zip(checkpoints, prompt_ids, sets, strict=True)]
+    walk = progress if progress is not None else WalkProgress()
+    runs = [
+        _Run(i, c, list(ids), started, dict(m), DraftCost(watch=functools.partial(walk.drafted, i)))
+        for i, (c, ids, m) in enumerate(zip(checkpoints, prompt_ids, sets, strict=True))
+    ]
     groups: dict[tuple[int, ...], list[_Run]] = {}
     for run in runs:
         run.checkpoint.drafter.to(opts.device, opts.dtype).eval()
         groups.setdefault(run.checkpoint.target_layer_ids, []).append(run)
-    for layers, group in groups.items():
-        _log_layers(info, layers, group)
-        _evaluate_group(source, cache, list(layers), group, heads, info, opts)
+    walk.start([len(run.prompt_ids) for run in runs])
+    with _bar(walk, opts):
+        for layers, group in groups.items():
+            _log_layers(info, layers, group)
+            _evaluate_group(source, cache, group, _Pass(list(layers), heads, info, opts, walk))
     return [_report(run, info, opts) for run in runs]
+
+
+@contextlib.contextmanager
+def _bar(walk: WalkProgress, opts: EvalOptions) -> Iterator[None]:
+    """The `eval` bar while `walk` runs: prompts walked of all (every checkpoint's), rounds so far."""
+    total = walk.overall().prompts_total
+    with tqdm(total=total, desc="eval", unit="prompt", disable=not opts.progress) as bar:
+
+        def show() -> None:
+            now = walk.overall()
+            bar.n = now.prompts_walked
+            bar.set_postfix_str(f"{now.rounds} rounds", refresh=False)
+            bar.update(0)  # redraws at most every mininterval
+
+        walk.listeners.append(show)
+        try:
+            yield
+        finally:
+            walk.listeners.remove(show)
 
 
 def _log_layers(info: ModelInfo, layers: tuple[int, ...], group: list[_Run]) -> None:
@@ -126,57 +165,55 @@ def _log_layers(info: ModelInfo, layers: tuple[int, ...], group: list[_Run]) -> 
         )
 
 
-def _evaluate_group(
-    source: FeatureSource,
-    cache: FeatureCache,
-    layers: list[int],
-    group: list[_Run],
-    heads: DeviceHeads,
-    info: ModelInfo,
-    opts: EvalOptions,
-) -> None:
+@dataclass(frozen=True)
+class _Pass:
+    """What one pass over a group's prompts walks with: the layers the group reads, the target's heads
+    and description, the options, and the progress it counts into."""
+
+    layers: list[int]
+    heads: DeviceHeads
+    info: ModelInfo
+    opts: EvalOptions
+    walk: WalkProgress
+
+
+def _evaluate_group(source: FeatureSource, cache: FeatureCache, group: list[_Run], p: _Pass) -> None:
     """One pass over the union of the group's prompts: fetch each once, walk it with every checkpoint."""
     wanted = [set(run.prompt_ids) for run in group]
-    union = list(dict.fromkeys(p for run in group for p in run.prompt_ids))
+    union = list(dict.fromkeys(pid for run in group for pid in run.prompt_ids))
     chunk: list[Fetched] = []
     tokens = 0
-    fetched = cache.iterate(source, union, fetch_layers(layers, info.num_layers, opts))
-    for item in tqdm(fetched, total=len(union), desc="eval", unit="prompt", disable=not opts.progress):
-        readers = [run for run, ids in zip(group, wanted, strict=True) if item.prompt_id in ids]
-        for i, run in enumerate(readers):  # the first reader pays for the fetch; the rest find it resident
-            if i == 0 and item.fetched_bytes:
-                run.fetched_bytes += item.fetched_bytes
-                run.fetch_s += item.wait_s
-            else:
-                run.cache_hits += 1
-        chunk.append(item)
-        tokens += len(item.features.token_ids)
-        if tokens >= opts.group_tokens:
-            _walk_chunk(chunk, group, wanted, layers, heads, info, opts)
-            chunk, tokens = [], 0
+    # closed at once when a walk is stopped, ending the fetches ahead
+    with contextlib.closing(cache.iterate(source, union, fetch_layers(p.layers, p.info.num_layers, p.opts))) as items:
+        for item in items:
+            readers = [run for run, ids in zip(group, wanted, strict=True) if item.prompt_id in ids]
+            for i, run in enumerate(readers):  # the first reader pays for the fetch; the rest find it resident
+                if i == 0 and item.fetched_bytes:
+                    run.fetched_bytes += item.fetched_bytes
+                    run.fetch_s += item.wait_s
+                else:
+                    run.cache_hits += 1
+            chunk.append(item)
+            tokens += len(item.features.token_ids)
+            if tokens >= p.opts.group_tokens:
+                _walk_chunk(chunk, group, wanted, p)
+                chunk, tokens = [], 0
     if chunk:
-        _walk_chunk(chunk, group, wanted, layers, heads, info, opts)
+        _walk_chunk(chunk, group, wanted, p)
 
 
-def _walk_chunk(
-    chunk: list[Fetched],
-    group: list[_Run],
-    wanted: list[set[str]],
-    layers: list[int],
-    heads: DeviceHeads,
-    info: ModelInfo,
-    opts: EvalOptions,
-) -> None:
+def _walk_chunk(chunk: list[Fetched], group: list[_Run], wanted: list[set[str]], p: _Pass) -> None:
     # The drafter's taps apart from the target's last layer (fetched too for probabilistic drafting),
     # on the drafter's device and dtype once, for every checkpoint of the group.
-    last = info.num_layers - 1
-    served = {item.prompt_id: serve_prompt(item.prompt_id, item.features, layers, last, opts) for item in chunk}
+    last = p.info.num_layers - 1
+    served = {item.prompt_id: serve_prompt(item.prompt_id, item.features, p.layers, last, p.opts) for item in chunk}
     for run, ids in zip(group, wanted, strict=True):
         mine = [served[item.prompt_id] for item in chunk if item.prompt_id in ids]
         for s in mine:
-            check_features(s.features, s.prompt_id, info.fingerprint, run.checkpoint)
+            check_features(s.features, s.prompt_id, p.info.fingerprint, run.checkpoint)
         if mine:
-            run.results |= walk_checkpoint(run.checkpoint, mine, heads, opts, run.cost)
+            run.results |= walk_checkpoint(run.checkpoint, mine, p.heads, p.opts, run.cost)
+            p.walk.walked(run.index, len(mine))
 
 
 def _warn_unlike_the_target(prompt_ids: list[str], what: str) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -96,7 +96,9 @@ class FeatureCache:
             self._items[key] = features
             self._bytes += features.nbytes
 
-    def iterate(self, source: FeatureSource, prompt_ids: Sequence[str], layers: Sequence[int]) -> Iterator[Fetched]:
+    def iterate(
+        self, source: FeatureSource, prompt_ids: Sequence[str], layers: Sequence[int]
+    ) -> Generator[Fetched, None, None]:
         """Each prompt's features in order: resident ones at once, the others fetched ahead on a
         background thread. Call `use_target` first."""
         layers = list(layers)

@@ -21,6 +21,7 @@ from eval_worker.evaluation.evaluate import evaluate_many
 from eval_worker.evaluation.feature_cache import FeatureCache
 from eval_worker.evaluation.heads_cache import HeadsCache
 from eval_worker.evaluation.options import EvalOptions
+from eval_worker.evaluation.progress import WalkProgress
 from eval_worker.evaluation.responses import check_responses
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.settings import EvaluateSettings
@@ -108,7 +109,7 @@ def load_checkpoints(
     return loaded
 
 
-def evaluate_checkpoints(
+def evaluate_checkpoints(  # noqa: PLR0913
     client: CacheClient,
     checkpoints: Sequence[Path | LoadedCheckpoint],
     settings: EvaluateSettings,
@@ -119,6 +120,7 @@ def evaluate_checkpoints(
     progress: bool = True,
     features: FeatureCache | None = None,
     source: FeatureSource | None = None,
+    walk: WalkProgress | None = None,
 ) -> list[EvalReport]:
     """Load each checkpoint strictly for the server's target as `spec` says (a loaded one carries its
     options already) and evaluate them together, drafting as `spec.draft_sampling` says; checkpoint i on
@@ -127,7 +129,8 @@ def evaluate_checkpoints(
     claim carries them, or `spec.sets` looked up on the server).
 
     What each checkpoint drafts (trees, steps) is its own options'. Features and heads come from
-    `source` when given (a view of the client's, as the doctor's readings are), else from the client."""
+    `source` when given (a view of the client's, as the doctor's readings are), else from the client.
+    The walk counts into `walk` when given (a job's progress; WalkStopped once it stops a checkpoint)."""
     spec = spec or EvalSpec()
     info = client.model()
     paths = [c for c in checkpoints if not isinstance(c, LoadedCheckpoint)]
@@ -154,5 +157,12 @@ def evaluate_checkpoints(
     )
     heads = HeadsCache(settings.heads_cache)
     return evaluate_many(
-        source or client, loaded, ids, heads_cache=heads, options=options, features=features, set_members=set_members_of
+        source or client,
+        loaded,
+        ids,
+        heads_cache=heads,
+        options=options,
+        features=features,
+        set_members=set_members_of,
+        progress=walk,
     )

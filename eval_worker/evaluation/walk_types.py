@@ -5,6 +5,7 @@ one prompt's walked rounds."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -85,12 +86,20 @@ class DeviceHeads:
 
 @dataclass
 class DraftCost:
-    """Drafter work counted while walking."""
+    """Drafter work counted while walking; `watch` hears of every drafter forward (progress, and a
+    stopped walk's way out: it may raise)."""
 
     drafted_blocks: int = 0  # drafter block forwards
     lm_head_rows: int = 0  # positions projected through lm_head
     draft_s: float = 0.0  # drafter forwards and lm_head projections (context k/v included)
     walk_s: float = 0.0  # building trees and walking them
+    watch: Callable[[int], None] | None = field(default=None, repr=False, compare=False)
+
+    def drafted(self, blocks: int) -> None:
+        """One drafter forward drafted `blocks` blocks."""
+        self.drafted_blocks += blocks
+        if self.watch is not None:
+            self.watch(blocks)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def walk_in_waves(
                 started = time.perf_counter()
                 accepted = draft_rounds(part)
                 cost.draft_s += time.perf_counter() - started
-                cost.drafted_blocks += len(part)
+                cost.drafted(len(part))
                 for w, a in zip(part, accepted, strict=True):
                     w.taus.append(a + 1)
                     w.s += a + 1

@@ -52,7 +52,7 @@ def _draft_rows(
     masks = torch.full((len(rows), cfg.block_size - 1), cfg.mask_token_id, dtype=torch.long, device=device)
     block_ids = torch.cat([token_ids[which, anchors][:, None], masks], dim=1)  # [m, B]
     h = drafter(block_ids, anchors, kv, embed, which)  # [m, B-1, H]
-    cost.drafted_blocks += len(rows)
+    cost.drafted(len(rows))
     reference = cells.reference[rows].to(device)  # [m, B-1]
     valid = reference != PAST_END
     hv, tokens = h[valid], reference[valid]  # [N, H], [N]: the cells with a reference token

@@ -162,7 +162,7 @@ def _draft(
     anchors = torch.tensor([s for _, s in keys], device=device)
     which = torch.tensor([p for p, _ in keys], device=device)
     h = drafter(block_ids, anchors, kv, embed_tokens, which)  # [m, B-1, H]
-    cost.drafted_blocks += len(keys)
+    cost.drafted(len(keys))
     out = [_Drafted() for _ in keys]
 
     # Trees: full-vocab log-probs of positions 1..depth and their top-k; greedy ids come along.

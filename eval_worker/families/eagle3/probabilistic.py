@@ -129,7 +129,7 @@ def expected_eagle3_prompts(  # noqa: PLR0913
         for lo in range(0, len(cells.anchors), max_rounds):
             rows = torch.arange(lo, min(lo + max_rounds, len(cells.anchors)))
             cost.lm_head_rows += _chains(drafter, ctx, cells, rows, to_draft, embed_tokens)
-            cost.drafted_blocks += len(rows)
+            cost.drafted(len(rows))
         cost.draft_s += time.perf_counter() - started
     return expected_chains(cells, prompts, last_layers, sampling, lm_head, final_norm, cost)
 

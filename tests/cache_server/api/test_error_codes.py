@@ -23,7 +23,6 @@ from cache_server.client import (
     CacheClient,
     InvalidRequestError,
     JobFailedError,
-    JobRunningError,
     JobsClient,
     JobsDisabledError,
     LeaseLostError,
@@ -133,11 +132,6 @@ def _job_failed(c: CacheClient) -> Any:
     return jobs.report(job_id)
 
 
-def _job_running(c: CacheClient) -> Any:
-    jobs = JobsClient(c)
-    return jobs.delete(_claimed(jobs)[0])
-
-
 def _lease_lost(c: CacheClient) -> Any:
     jobs = JobsClient(c)
     return jobs.renew(_claimed(jobs)[0], "not-the-lease")
@@ -158,7 +152,6 @@ CASES: dict[ErrorCode, tuple[Callable[[CacheClient], Any], type[ApiError]]] = {
     ErrorCode.method_not_allowed: (lambda c: c.request("PUT", "/model"), ApiError),
     ErrorCode.prompt_failed: (lambda c: c.hidden(_registered(c, FAILS), [1]), PromptFailedError),
     ErrorCode.job_failed: (_job_failed, JobFailedError),
-    ErrorCode.job_running: (_job_running, JobRunningError),
     ErrorCode.lease_lost: (_lease_lost, LeaseLostError),
     ErrorCode.prompt_not_ready: (lambda c: c.hidden(_registered(c, WAITS), [1]), NotReadyError),
     ErrorCode.internal_error: (lambda c: c.heads(), ServerError),

@@ -227,7 +227,7 @@ def test_serve_refuses_a_missing_checkpoint_root(tmp_path: Path, capsys: pytest.
     assert main(["serve", "--model", str(tmp_path), "--store", str(tmp_path), "--job-max-attempts", "0"]) == 2
 
 
-def test_jobs_are_deleted_unless_running(served) -> None:  # type: ignore[no-untyped-def]
+def test_jobs_are_deleted_unless_running_and_a_running_one_is_cancelled(served) -> None:  # type: ignore[no-untyped-def]
     client, _, pids = served
     _drain(client)
     queued = client.post("/jobs", json={"checkpoint": "hf", "prompts": pids[:1]}).json()["job_id"]
@@ -236,8 +236,12 @@ def test_jobs_are_deleted_unless_running(served) -> None:  # type: ignore[no-unt
     error_message(client.get(f"/jobs/{queued}"), 404, "job_not_found")
     claim = client.post("/jobs/claim", json={"worker": "w", "lease_s": 60}).json()
     assert claim["job"]["job_id"] == running  # the deleted job is never claimed
-    assert "running" in error_message(client.delete(f"/jobs/{running}"), 409, "job_running")
+    cancelling = client.delete(f"/jobs/{running}")
+    assert (cancelling.status_code, cancelling.json()["status"]) == (202, "cancelling")
+    renewed = client.post(f"/jobs/{running}/renew", json={"lease": claim["lease"]})
+    assert renewed.json()["status"] == "cancelling"  # how its worker learns it
     client.post(f"/jobs/{running}/complete", json={"lease": claim["lease"], "report": report_body()})
+    assert client.get(f"/jobs/{running}").json()["status"] == "done"  # it finished before its worker heard
     assert client.delete(f"/jobs/{running}").status_code == 204  # done: removed with its report
     error_message(client.get(f"/jobs/{running}/report"), 404, "job_not_found")
     error_message(client.delete("/jobs/nope"), 404, "job_not_found")

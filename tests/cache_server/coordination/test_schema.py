@@ -56,6 +56,8 @@ def test_a_database_at_the_last_version_is_migrated(db_location: str) -> None:
         c.exec_driver_sql("DROP TABLE schema_version")
         c.exec_driver_sql("ALTER TABLE jobs DROP COLUMN draft_sampling")
         c.exec_driver_sql("ALTER TABLE jobs DROP COLUMN spec")
+        c.exec_driver_sql("ALTER TABLE jobs DROP COLUMN progress")
+        c.exec_driver_sql("ALTER TABLE jobs DROP COLUMN cancel_requested_at")
         c.exec_driver_sql(
             "INSERT INTO jobs (job_id, status, checkpoint, checkpoint_relative, prompts, tree_budgets, max_attempts, "
             "created_at) VALUES ('old', 'queued', '/c', 'c', '\"all\"', '[]', 3, 0)"

@@ -12,7 +12,7 @@ import pytest
 
 from cache_server.errors import JobFailed, JobNotFound, LeaseLost, ReportNotReady
 from cache_server.jobs.queue import JobStore
-from schemas.jobs import JobStatus
+from schemas.jobs import JobProgress, JobStatus
 from tests.cache_server.jobs_helpers import spec
 
 
@@ -290,3 +290,66 @@ def test_a_version_1_job_database_is_migrated_through_every_version_and_keeps_it
     assert (store.get(new.job_id).steps, store.get(new.job_id).eagle_trees) == (4, ["10,7,60"])
     assert [j.job_id for j in store.page().jobs] == ["old", "older", new.job_id]
     store.close()
+
+
+def _progress(walked: int, total: int = 4) -> JobProgress:
+    return JobProgress(prompts_walked=walked, prompts_total=total, rounds=10 * walked, elapsed_s=2.0 * walked)
+
+
+def test_renewals_carry_the_walks_progress_into_the_jobs_state(store: JobStore, clock: Clock) -> None:
+    job_id = _submit(store)
+    leased = store.claim("w", lease_s=60)
+    assert leased is not None and leased.job.progress is None
+    clock.t += 7
+    state = store.renew(job_id, leased.lease, progress=_progress(1))
+    assert state.progress is not None and (state.progress.prompts_walked, state.progress.rounds) == (1, 10)
+    assert state.progress.reported_at is not None and state.progress.reported_at.timestamp() == clock.t
+    store.renew(job_id, leased.lease)  # a renewal without progress keeps the last
+    assert store.get(job_id).progress == state.progress
+    assert store.page(status=JobStatus.running).jobs[0].progress == state.progress
+    clock.t += 61  # expired and claimed again: a new attempt starts with no progress
+    again = store.claim("w2", lease_s=60)
+    assert again is not None and again.job.progress is None
+
+
+def test_deleting_a_running_job_cancels_it_at_its_workers_next_word(store: JobStore, clock: Clock) -> None:
+    job_id = _submit(store)
+    leased = store.claim("w", lease_s=60)
+    assert leased is not None
+    cancelling = store.delete(job_id)
+    assert cancelling is not None and cancelling.status == JobStatus.cancelling
+    assert store.delete(job_id) == cancelling  # asked again: still cancelling, not removed
+    assert [j.job_id for j in store.page(status=JobStatus.cancelling).jobs] == [job_id]
+    assert store.page(status=JobStatus.running).jobs == []
+    renewed = store.renew(job_id, leased.lease, progress=_progress(2))
+    assert renewed.status == JobStatus.cancelling  # what tells the worker to stop
+    store.fail(job_id, leased.lease, "stopped after 2 of 4 prompts", retryable=True)  # never queued again
+    done = store.get(job_id)
+    assert (done.status, done.error) == (JobStatus.cancelled, "cancelled: stopped after 2 of 4 prompts")
+    assert done.finished_at is not None and store.claim("w", lease_s=60) is None
+    with pytest.raises(JobFailed, match="was cancelled"):
+        store.report(job_id)
+    assert [j.job_id for j in store.page(status=JobStatus.cancelled).jobs] == [job_id]
+    assert store.page(status=JobStatus.failed).jobs == []
+    assert store.delete(job_id) is None  # a finished job is removed
+    with pytest.raises(JobNotFound):
+        store.get(job_id)
+
+
+def test_a_cancelling_job_whose_worker_died_ends_cancelled_not_claimed_again(store: JobStore, clock: Clock) -> None:
+    job_id = _submit(store)
+    assert store.claim("w", lease_s=60) is not None
+    store.delete(job_id)
+    clock.t += 61
+    assert store.claim("w2", lease_s=60) is None
+    state = store.get(job_id)
+    assert state.status == JobStatus.cancelled and "lease expired on worker w before it stopped" in (state.error or "")
+
+
+def test_a_cancelled_job_that_finished_first_keeps_its_report(store: JobStore) -> None:
+    job_id = _submit(store)
+    leased = store.claim("w", lease_s=60)
+    assert leased is not None
+    store.delete(job_id)
+    assert store.complete(job_id, leased.lease, _report("w")).status == JobStatus.done
+    assert json.loads(store.report(job_id)) == {"by": "w"}
