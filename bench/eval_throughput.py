@@ -9,14 +9,18 @@ the cached features until its chain tau is above 2. Per checkpoint, on the same 
   walk warm   - walk-driven drafting, features resident in the worker's feature cache;
   target      - rerun the target over the prompts for its taps (no cache), then walk-driven drafting.
 All four must give identical per-round taus, or the run stops. Then a sweep of 4 checkpoints in one
-pass against 4 separate evaluations (HTTP requests and wall time), and the FLOP accounting at
-published shapes (`bench/flop_model.py`).
+pass against 4 separate evaluations (HTTP requests and wall time); the CPU threads of the drafter
+math: one long prompt (`--long-response-len`, 2k tokens), chain only, on torch's default threads
+against eval-worker's default (one), alone and beside a CPU hog; and the FLOP accounting at published
+shapes (`bench/flop_model.py`). (`--threads` sets the threads of everything but the threads section.)
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,6 +45,7 @@ from eval_worker.evaluation.walk_types import DraftCost, PromptFeatures
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.families.dflash.walks import CHAIN, walk_prompts
 from eval_worker.settings import EvaluateSettings
+from eval_worker.threads import cpu_threads
 from schemas.eval_spec import DFlashOptions, EvalSpec
 from schemas.report import EvalReport
 from testing.all_anchor import all_anchor_taus
@@ -190,6 +195,48 @@ def sweep(url: str, paths: list[Path], ids: list[str], tmp: Path, args: argparse
     print(f"  separately:  {apart_requests:5.0f} GET /hidden, {t_apart:7.3f} s  ({t_apart / t_one:.2f}x the time)")
 
 
+def threads(client: CacheClient, ckpt: Path, torch_default: int, tmp: Path, args: argparse.Namespace) -> None:
+    """One long prompt's chain walk on torch's default threads and on eval-worker's default, alone and
+    beside a CPU hog (a busy machine), side by side."""
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    prompt = torch.randint(3, args.vocab - SPARE_ROWS, (args.prompt_len,), generator=gen).tolist()
+    [long] = client.register([{"token_ids": prompt}], max_new_tokens=args.long_response_len)
+    client.wait_ready([long.prompt_id], timeout_s=1800)
+    loaded = load_checkpoint(ckpt, client.model(), LoadRequest())  # the chain alone
+    heads, resident = HeadsCache(tmp / "heads"), FeatureCache(1 << 34)
+    options = EvalOptions(progress=False)
+    chosen = cpu_threads(EvaluateSettings()) or torch_default
+
+    def walk(n: int) -> Callable[[], EvalReport]:
+        def run() -> EvalReport:
+            torch.set_num_threads(n)
+            return evaluate(client, loaded, [long.prompt_id], heads_cache=heads, options=options, features=resident)
+
+        return run
+
+    rows = []
+    for load in ("alone", "beside a CPU hog"):
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load != "alone" else None
+        try:
+            before, t_before = timed(walk(torch_default), args.repeats)
+            after, t_after = timed(walk(chosen), args.repeats)
+        finally:
+            if hog is not None:
+                hog.kill()
+                hog.wait()
+        if report_taus(before) != report_taus(after):
+            raise SystemExit("the thread counts scored differently; the timings below would mean nothing")
+        rows.append((load, t_before, t_after))
+    torch.set_num_threads(args.threads)
+    tokens = after.prompts[0].num_tokens
+    print(f"\nCPU threads: one prompt of {tokens} tokens, DFlash chain only, features resident:")
+    print(
+        f"  {'':<18} {f'torch default ({torch_default})':>20} {f'eval-worker ({chosen})':>16} {'default / chosen':>17}"
+    )
+    for load, t_before, t_after in rows:
+        print(f"  {load:<18} {t_before:18.2f} s {t_after:14.2f} s {t_before / t_after:16.2f}x")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target-layers", type=int, default=12)
@@ -201,11 +248,13 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--response-len", type=int, default=128)
+    p.add_argument("--long-response-len", type=int, default=2048, help="the threads section's one long response")
     p.add_argument("--train-steps", type=int, default=160)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads, the same for every path")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    torch_default = torch.get_num_threads()  # what torch chose for this machine (OMP_NUM_THREADS, or its cores)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
@@ -227,6 +276,7 @@ def main() -> None:
             loaded = load_checkpoint(paths[-1], client.model(), LoadRequest(options=_trees(args)))
             per_checkpoint(client, target, loaded, ids, tmp, args)
             sweep(url, paths, ids, tmp, args)
+            threads(client, paths[-1], torch_default, tmp, args)
     print()
     print(published_table())
 

@@ -121,7 +121,7 @@ def _checkpoint_commands(sub: Any) -> None:
 
 
 def _job_commands(sub: Any) -> None:
-    """`serve`, `submit` and `watch`: checkpoints evaluated as jobs of the server."""
+    """`serve`, `submit`, `cancel` and `watch`: checkpoints evaluated as jobs of the server."""
     command(
         sub,
         "serve",
@@ -143,6 +143,16 @@ def _job_commands(sub: Any) -> None:
     chosen.add_argument("--set", dest="sets", action="append", help="the prompts of this set (repeatable)")
     job_options(sbm)
     sbm.add_argument("--wait", action="store_true", help="wait for the job and print its report")
+
+    cnc = command(
+        sub,
+        "cancel",
+        "cancel jobs: a running one stops at its worker's next lease renewal, a queued or finished one is removed",
+        commands.cancel,
+        ConnectionSettings,
+        positional=None,
+    )
+    cnc.add_argument("job_ids", nargs="+", metavar="JOB", help="job ids (GET /jobs lists them)")
 
     wat = command(
         sub,

@@ -155,10 +155,26 @@ def submit(args: argparse.Namespace, settings: SubmitSettings) -> int:
         # No deadline: every job ends (done, or failed once its attempts are spent) while a worker runs.
         print("waiting for a worker (eval-worker serve) to finish it...", flush=True)
         final = jobs.wait(state.job_id, timeout_s=float("inf"), poll_s=1.0)
-        if final.status == JobStatus.failed:
-            print(f"job {final.job_id} failed after {final.attempts} attempts: {final.error}")
+        if final.status in (JobStatus.failed, JobStatus.cancelled):
+            what = "was cancelled" if final.status == JobStatus.cancelled else f"failed after {final.attempts} attempts"
+            print(f"job {final.job_id} {what}: {final.error}")
             return ExitCode.job_failed
         print(format_report(jobs.report(final.job_id)))
+    return ExitCode.ok
+
+
+def cancel(args: argparse.Namespace, settings: ConnectionSettings) -> int:
+    """Cancel jobs: a running one stops at its worker's next lease renewal, any other is removed."""
+    from cache_server.client import JobsClient
+
+    with connect(settings) as client:
+        jobs = JobsClient(client)
+        for job_id in args.job_ids:
+            state = jobs.delete(job_id)
+            if state is None:
+                print(f"job {job_id}: removed (it was not running)")
+            else:
+                print(f"job {job_id}: {state.status}; its worker stops at its next lease renewal")
     return ExitCode.ok
 
 

@@ -82,6 +82,12 @@ def test_the_page_shows_the_reports_in_a_real_browser(
         assert '<span id="generator">hf</span>' in dom and "float32, stored exact)" in dom
         assert dom.count('<td class="l storage">exact</td>') == 2  # every report's features, as it says
         assert dom.count('class="job-row" data-status="done"') == 2
+        for job in submitted:  # the jobs table: id, options, times, and the walk's final count
+            row = re.search(rf'<tr class="job-row" data-status="done" data-job="{job.job_id}">(.*?)</tr>', dom)
+            assert row is not None and f">{job.job_id[:8]}</td>" in row.group(1)
+            assert '<td class="l options">DFlash, tree_budgets 3, sets a b c</td>' in row.group(1)
+            assert '<td class="l progress">12/12 prompts, ' in row.group(1)
+            assert f"<td class=\"l\">{job.created_at:%Y-%m-%d %H:%M:%S}</td>" in row.group(1)
         shown = _rows(dom)
         assert set(shown) == set(reports)
         for checkpoint, report in reports.items():

@@ -16,7 +16,9 @@ from transformers import AutoConfig
 
 from cache_server.api.app import create_app
 from cache_server.client import CacheClient, JobsClient
+from eval_worker.cli import main
 from eval_worker.evaluation.progress import WalkProgress
+from eval_worker.exit_codes import ExitCode
 from eval_worker.families.dflash.drafter import DFlashDrafter
 from eval_worker.settings import WorkerSettings
 from eval_worker.worker.job_worker import JobWorker
@@ -96,16 +98,19 @@ def test_a_running_jobs_state_shows_its_walks_progress(served: tuple[CacheClient
     assert done.progress.rounds == jobs.report(job.job_id).summary.cost.drafted_blocks  # type: ignore[union-attr]
 
 
-def test_deleting_a_running_job_stops_its_worker_and_ends_it_cancelled(served: tuple[CacheClient, Path]) -> None:
+def test_cancelling_a_running_job_stops_its_worker_and_ends_it_cancelled(
+    served: tuple[CacheClient, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     client, tmp = served
     jobs = JobsClient(client)
     job = jobs.submit("step_0.pt")
     rounds: list[int] = []
 
     def cancel(walk: WalkProgress) -> None:  # mid-walk: cancel, and go on only once the worker has heard
-        state = jobs.delete(job.job_id)
-        assert state is not None and state.status == JobStatus.cancelling
-        _until(lambda: state if walk.stopping(0) else None, "the worker never heard of the cancel")
+        assert main(["cancel", job.job_id, "--server", client.base_url]) == ExitCode.ok  # DELETE /jobs/{id}
+        assert f"job {job.job_id}: cancelling" in capsys.readouterr().out
+        assert jobs.job(job.job_id).status == JobStatus.cancelling
+        _until(lambda: job if walk.stopping(0) else None, "the worker never heard of the cancel")
         rounds.append(walk.of(0).rounds)
 
     assert _worker(client, tmp, cancel).run_one()
@@ -114,4 +119,18 @@ def test_deleting_a_running_job_stops_its_worker_and_ends_it_cancelled(served: t
     assert final.progress is not None and final.progress.prompts_walked == 0
     assert final.progress.rounds > rounds[0]  # one more drafter forward, then it stopped
     assert jobs.claim("w", 60) is None  # never run again
-    assert jobs.delete(job.job_id) is None  # a cancelled job is removed like a finished one
+    assert main(["cancel", job.job_id, "--server", client.base_url]) == ExitCode.ok
+    assert "removed" in capsys.readouterr().out  # a cancelled job is removed like a finished one
+
+
+def test_the_eta_is_the_rate_so_far_and_unknown_before_a_prompt_is_walked() -> None:
+    now = [100.0]
+    walk = WalkProgress(clock=lambda: now[0])
+    walk.start([4, 2])
+    walk.drafted(0, 5)
+    now[0] = 110.0
+    assert (walk.of(0).rounds, walk.of(0).eta_s) == (5, None)
+    walk.walked(0, 1)
+    assert walk.of(0).eta_s == 30.0 and walk.of(0).line() == "walked 1/4 prompts, 5 rounds, 10 s, ETA 30 s"
+    walk.walked(1, 2)
+    assert (walk.overall().prompts_walked, walk.overall().prompts_total, walk.of(1).eta_s) == (3, 6, 0.0)
