@@ -87,7 +87,7 @@ def test_the_page_shows_the_reports_in_a_real_browser(
             assert row is not None and f">{job.job_id[:8]}</td>" in row.group(1)
             assert '<td class="l options">DFlash, tree_budgets 3, sets a b c</td>' in row.group(1)
             assert '<td class="l progress">12/12 prompts, ' in row.group(1)
-            assert f"<td class=\"l\">{job.created_at:%Y-%m-%d %H:%M:%S}</td>" in row.group(1)
+            assert f'<td class="l">{job.created_at:%Y-%m-%d %H:%M:%S}</td>' in row.group(1)
         shown = _rows(dom)
         assert set(shown) == set(reports)
         for checkpoint, report in reports.items():
