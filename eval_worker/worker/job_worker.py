@@ -41,6 +41,7 @@ class _Walks:
         self._at: dict[str, tuple[WalkProgress, int]] = {}
         self.cancelled: set[str] = set()
         self.stopped: set[str] = set()  # cancelled jobs whose walk ended early
+        self.failed: set[str] = set()  # jobs whose failure is recorded already: nothing more to report
 
     def begin(self, walk: WalkProgress, job_ids: Sequence[str]) -> None:
         """An evaluation of these jobs (checkpoint i: `job_ids[i]`) counts into `walk`."""
@@ -90,7 +91,7 @@ class _LeaseKeeper:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
-        if not self.lost.is_set():
+        if not self.lost.is_set() and self._claim.job.job_id not in self._walks.failed:
             self._renew()  # the final count, shown beside the job's outcome
 
     def _run(self) -> None:
@@ -261,6 +262,7 @@ class JobWorker:
 
     def _fail(self, claim: Claim, error: str, *, retryable: bool) -> None:
         log.error("job %s failed (%s): %s", claim.job.job_id, "will retry" if retryable else "final", error)
+        self._walks.failed.add(claim.job.job_id)
         try:
             self.jobs.fail(claim.job.job_id, claim.lease, error, retryable)
         except LeaseLostError:
