@@ -4,6 +4,6 @@ hold before any math (`checks.py`), which prompts have a response to walk (`resp
 evaluate (`options.py`), what every family's walks share (`walk_types.py`), the waves the EAGLE-3 and
 MTP walks are driven in (`waves.py`), what probabilistic drafting shares (`probabilistic.py`), one
 checkpoint's walks of a chunk of prompts (`prompt_walks.py`), checkpoints evaluated over prompts
-(`evaluate.py`), checkpoints against a cache server (`sweep.py`), and `eval-worker doctor`
-(`doctor.py`). Each family's walks are in its folder under `families/`.
+(`evaluate.py`), how far their walk is (`progress.py`), checkpoints against a cache server (`sweep.py`),
+and `eval-worker doctor` (`doctor.py`). Each family's walks are in its folder under `families/`.
 """

@@ -28,7 +28,7 @@ def _op(spec: dict[str, Any], method: str, path: str) -> dict[str, Any]:
         ("post", "/prompts", {"401", "422"}),
         ("get", "/prompts/{prompt_id}", {"404"}),
         ("post", "/jobs", {"401", "403", "422"}),
-        ("delete", "/jobs/{job_id}", {"401", "404", "409"}),
+        ("delete", "/jobs/{job_id}", {"204", "401", "404"}),
         ("get", "/jobs/{job_id}/report", {"404", "409"}),
         ("post", "/jobs/{job_id}/complete", {"401", "404", "409"}),
         ("post", "/jobs/claim", {"204", "401"}),
@@ -39,6 +39,11 @@ def test_error_statuses_are_declared(spec: dict[str, Any], method: str, path: st
     assert statuses <= set(responses)
     for status in statuses - {"204"}:
         assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+
+
+def test_deleting_a_running_job_is_declared_to_answer_its_cancelling_state(spec: dict[str, Any]) -> None:
+    cancelled = _op(spec, "delete", "/jobs/{job_id}")["responses"]["202"]
+    assert cancelled["content"]["application/json"]["schema"]["$ref"].endswith("/JobState")
 
 
 @pytest.mark.parametrize(
