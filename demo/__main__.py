@@ -155,12 +155,22 @@ def run_jobs(url: str, runs: Path, workdir: Path) -> None:
             raise RuntimeError(f"jobs failed: {[(f.checkpoint_relative, f.error) for f in failed]}")
 
 
-def _screenshot(url: str, out: Path) -> None:
-    """The leaderboard page as headless Chromium renders it, when Chromium is installed."""
-    if CHROMIUM is None:
-        print("(no chromium here: no screenshot of the page)")
+SCREENSHOT_WINDOW = (1440, 1300)  # the page's width and height in the screenshot
+NO_CHROMIUM = "Chromium is not installed (Debian/Ubuntu: apt-get install chromium)"
+
+
+def _screenshot(url: str, out: Path, wanted: bool | None) -> None:
+    """The leaderboard page as headless Chromium renders it; `wanted` None: when Chromium is installed,
+    saying so when it is not (main refuses --screenshot without it before any work)."""
+    if wanted is False:
+        print("page screenshot: skipped (--no-screenshot)")
         return
-    headless(url + "/", f"--screenshot={out.resolve()}")
+    if CHROMIUM is None:
+        print(
+            f"page screenshot: SKIPPED, {NO_CHROMIUM}; install it and rerun (--screenshot makes its absence an error)"
+        )
+        return
+    headless(url + "/", f"--screenshot={out.resolve()}", window=SCREENSHOT_WINDOW)
     print(f"page screenshot: {out}")
 
 
@@ -182,7 +192,7 @@ def register_prompts(url: str, client: CacheClient, new_tokens: int) -> list[str
     return ids
 
 
-def show_leaderboard(url: str, client: CacheClient, workdir: Path) -> None:
+def show_leaderboard(url: str, client: CacheClient, workdir: Path, screenshot: bool | None) -> None:
     """The finished jobs' table (and every number as JSON), the tau plot and (with Chromium) the page's
     screenshot."""
     _say("leaderboard (eval-worker compare --server ...)")
@@ -193,7 +203,7 @@ def show_leaderboard(url: str, client: CacheClient, workdir: Path) -> None:
     print(f"every column (eval-worker compare --json): {workdir / 'leaderboard.json'}")
     plot(reports, workdir / "tau.png")
     print(f"plot: {workdir / 'tau.png'}")
-    _screenshot(url, workdir / "leaderboard.png")
+    _screenshot(url, workdir / "leaderboard.png", screenshot)
     print(f"\nleaderboard page: {url}/  (served until the demo ends; --keep-serving keeps it up)")
 
 
@@ -208,7 +218,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=48, help="generated response length per prompt")
     p.add_argument("--steps", type=int, nargs=2, default=[30, 200], help="the two checkpoint steps")
     p.add_argument("--keep-serving", action="store_true", help="keep the server (and its page) up until Ctrl-C")
+    p.add_argument(
+        "--screenshot",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="save the leaderboard page's screenshot (needs Chromium); default: when Chromium is installed, "
+        "saying so when it is not",
+    )
     args = p.parse_args(argv)
+    if args.screenshot and CHROMIUM is None:
+        p.error(f"--screenshot: {NO_CHROMIUM}; or leave --screenshot out to run without it")
     if args.layers < 7:
         p.error("--layers must be >= 7: EAGLE-3's default taps (layer inputs 2, L//2, L-3) must be distinct")
     marker = args.workdir / DEMO_MARKER
@@ -236,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         train_mtp_checkpoint(client, target, ids, args.steps[1], runs)
         run_jobs(url, runs, args.workdir)
 
-        show_leaderboard(url, client, args.workdir)
+        show_leaderboard(url, client, args.workdir, args.screenshot)
         if args.keep_serving:
             print("serving; Ctrl-C to stop", flush=True)
             with contextlib.suppress(KeyboardInterrupt):

@@ -289,3 +289,7 @@ class SetList(BaseModel):
     """`GET /sets`."""
 
     sets: list[SetCounts]
+    no_set: SetCounts | None = Field(
+        default=None, description='the registered prompts that belong to no set, counted alike (name "")'
+    )
+    all_prompts: SetCounts | None = Field(default=None, description='every registered prompt, counted alike (name "")')

@@ -9,9 +9,10 @@ import subprocess
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def headless(url: str, *args: str) -> str:
-    """Load `url` in headless Chromium, given time for the page's fetches, with extra `args`
-    (`--dump-dom`, `--screenshot=PATH`); its stdout. RuntimeError where Chromium is not installed."""
+def headless(url: str, *args: str, window: tuple[int, int] = (1280, 1100)) -> str:
+    """Load `url` in headless Chromium in a `window` (width, height: a screenshot's size), given time for
+    the page's fetches, with extra `args` (`--dump-dom`, `--screenshot=PATH`); its stdout. RuntimeError
+    where Chromium is not installed."""
     if CHROMIUM is None:
         raise RuntimeError("chromium is not installed (.ci/run installs it with apt-get)")
     cmd = [
@@ -21,7 +22,7 @@ def headless(url: str, *args: str) -> str:
         "--disable-gpu",
         "--disable-dev-shm-usage",
         "--virtual-time-budget=10000",
-        "--window-size=1280,1100",
+        f"--window-size={window[0]},{window[1]}",
         *args,
         url,
     ]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import demo.__main__ as demo
 from demo.__main__ import main
 from eval_worker.cli import main as eval_worker_main
 from schemas.parity import ParityReport
@@ -43,6 +44,23 @@ def test_demo_refuses_a_directory_it_did_not_make(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as e:
         main(["--workdir", str(precious)])
     assert e.value.code == 2 and (precious / "thesis.tex").read_text() == "not the demo's"
+
+
+def test_without_chromium_the_screenshot_is_refused_when_asked_and_said_skipped_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(demo, "CHROMIUM", None)
+    with pytest.raises(SystemExit) as e:  # before any work: nothing built
+        main(["--workdir", str(tmp_path / "demo"), "--screenshot"])
+    assert e.value.code == 2 and not (tmp_path / "demo").exists()
+    assert (
+        "--screenshot: Chromium is not installed (Debian/Ubuntu: apt-get install chromium)" in capsys.readouterr().err
+    )
+    demo._screenshot("http://127.0.0.1:9", tmp_path / "page.png", None)
+    said = capsys.readouterr().out
+    assert "page screenshot: SKIPPED, Chromium is not installed" in said and "apt-get install chromium" in said
+    demo._screenshot("http://127.0.0.1:9", tmp_path / "page.png", False)
+    assert capsys.readouterr().out == "page screenshot: skipped (--no-screenshot)\n"
 
 
 @pytest.mark.engine

@@ -119,36 +119,40 @@ class PromptStates:
     def set_counts(self) -> SetList:
         """`GET /sets`: every set with its prompts counted by status and by sampling setting, and how far
         its ready prompts' responses are from the target (greedy ones: tokens not its argmax; sampled
-        ones: tokens outside the support of their setting) - the agreement of the engine that made them."""
+        ones: tokens outside the support of their setting) - the agreement of the engine that made them;
+        the same for the prompts in no set and for all of them."""
         captures = self.captures.states()
-        out = []
-        for name in self.sets.names():
-            members = self.set_members(name)
-            status_of = [(p, self.status(p, captures)) for p in members]
-            statuses = Counter(status for _, status in status_of)
-            phases = Counter(self._phase(p, captures) for p, status in status_of if status == PromptStatus.pending)
-            manifests = [m for p in members if (m := self.store.manifest(p)) is not None]
-            mismatches = [m.greedy_mismatches or 0 for m in manifests]
-            outside = [m.outside_support or 0 for m in manifests]
-            settings = Counter((r.sampling or GREEDY).setting for p in members if (r := self.registry.get(p)))
-            out.append(
-                SetCounts(
-                    name=name,
-                    total=sum(statuses.values()),
-                    pending=statuses[PromptStatus.pending],
-                    ready=statuses[PromptStatus.ready],
-                    failed=statuses[PromptStatus.failed],
-                    queued=phases["queued"],
-                    generating=phases["generating"],
-                    capturing=phases["capturing"],
-                    greedy_mismatches=sum(mismatches),
-                    prompts_not_greedy=sum(map(bool, mismatches)),
-                    outside_support=sum(outside),
-                    prompts_outside_support=sum(map(bool, outside)),
-                    settings=dict(settings),
-                )
-            )
-        return SetList(sets=out)
+        everything = [r.prompt_id for r in self.registry.all()]
+        memberships = self.sets.memberships()
+        return SetList(
+            sets=[self._counts(name, self.set_members(name), captures) for name in self.sets.names()],
+            no_set=self._counts("", [p for p in everything if not memberships.get(p)], captures),
+            all_prompts=self._counts("", everything, captures),
+        )
+
+    def _counts(self, name: str, members: Sequence[str], captures: dict[str, CaptureState]) -> SetCounts:
+        status_of = [(p, self.status(p, captures)) for p in members]
+        statuses = Counter(status for _, status in status_of)
+        phases = Counter(self._phase(p, captures) for p, status in status_of if status == PromptStatus.pending)
+        manifests = [m for p in members if (m := self.store.manifest(p)) is not None]
+        mismatches = [m.greedy_mismatches or 0 for m in manifests]
+        outside = [m.outside_support or 0 for m in manifests]
+        settings = Counter((r.sampling or GREEDY).setting for p in members if (r := self.registry.get(p)))
+        return SetCounts(
+            name=name,
+            total=sum(statuses.values()),
+            pending=statuses[PromptStatus.pending],
+            ready=statuses[PromptStatus.ready],
+            failed=statuses[PromptStatus.failed],
+            queued=phases["queued"],
+            generating=phases["generating"],
+            capturing=phases["capturing"],
+            greedy_mismatches=sum(mismatches),
+            prompts_not_greedy=sum(map(bool, mismatches)),
+            outside_support=sum(outside),
+            prompts_outside_support=sum(map(bool, outside)),
+            settings=dict(settings),
+        )
 
     def _phase(self, prompt_id: str, captures: dict[str, CaptureState]) -> PendingPhase:
         """Where a pending prompt is: not taken up yet, its response being made (a server generates

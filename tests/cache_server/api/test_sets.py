@@ -124,5 +124,9 @@ def test_registrations_record_sets_template_and_thinking(tiny_target: Path, tmp_
         )
 
     with TestClient(create_app(settings)) as client:  # restarted: membership was persisted
-        assert [s["total"] for s in client.get("/sets").json()["sets"]] == [2, 2, 1]
+        listed = client.get("/sets").json()
+        assert [s["total"] for s in listed["sets"]] == [2, 2, 1]
+        # the follow-up belongs to no set: counted there, and in all prompts
+        assert (listed["no_set"]["total"], listed["no_set"]["ready"], listed["all_prompts"]["total"]) == (1, 1, 4)
+        assert listed["all_prompts"]["settings"] == {"T=0": 4}
         assert client.get(f"/prompts/{plain}").json()["sets"] == ["both", "humaneval"]
