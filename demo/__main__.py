@@ -155,7 +155,7 @@ def run_jobs(url: str, runs: Path, workdir: Path) -> None:
             raise RuntimeError(f"jobs failed: {[(f.checkpoint_relative, f.error) for f in failed]}")
 
 
-SCREENSHOT_WINDOW = (1440, 1300)  # the page's width and height in the screenshot
+SCREENSHOT_WINDOW = (1440, 1050)  # the page's width and height in the screenshot
 NO_CHROMIUM = "Chromium is not installed (Debian/Ubuntu: apt-get install chromium)"
 
 
