@@ -29,11 +29,17 @@ HEAVY = (
 )
 
 
-def heavy_modules_loaded(code: str) -> list[str]:
-    """The modules of HEAVY in `sys.modules` once `code` has run in a fresh interpreter (this checkout
-    first on its path); a `SystemExit` (argparse's after `--help`) ends `code`, not the check."""
+def modules_loaded(code: str) -> set[str]:
+    """The modules in `sys.modules` once `code` has run in a fresh interpreter (this checkout first on its
+    path); a `SystemExit` (argparse's after `--help`) ends `code`, not the check."""
     script = f"import json, sys\ntry:\n    exec({code!r})\nexcept SystemExit:\n    pass\n"
-    script += f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]), file=sys.stderr)\n"
+    script += "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\n"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
-    return list(json.loads(done.stderr.strip().splitlines()[-1]))
+    return set(json.loads(done.stderr.strip().splitlines()[-1]))
+
+
+def heavy_modules_loaded(code: str) -> list[str]:
+    """The modules of HEAVY that `code` loads (`modules_loaded`)."""
+    loaded = modules_loaded(code)
+    return [m for m in HEAVY if m in loaded]

@@ -5,12 +5,11 @@ size of functions is ruff's to check: C901 and PLR0912/0913/0915 in pyproject.to
 from __future__ import annotations
 
 import ast
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from testing.imports import modules_loaded
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cache_server", "eval_worker", "schemas", "testing")
@@ -36,11 +35,7 @@ def _modules(package: str) -> list[str]:
 
 def _loaded_after(imports: list[str]) -> set[str]:
     """The modules `sys.modules` holds after importing `imports` in a fresh interpreter."""
-    code = "import importlib, json, sys\n"
-    code += "".join(f"importlib.import_module({m!r})\n" for m in imports)
-    code += "print(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    return set(json.loads(out.stdout))
+    return modules_loaded("import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in imports))
 
 
 def _server_side(modules: set[str]) -> list[str]:
