@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from cache_server.compute.registry import Registration, Registry
 from cache_server.compute.sets import SetRegistry
 from cache_server.coordination.captures import CaptureQueue, CaptureState
 from cache_server.errors import PromptNotFound, UnknownSets
 from cache_server.store.hidden_store import HiddenStore
+from cache_server.store.manifest import PromptManifest
 from schemas.loss_mask import Spans
 from schemas.prompts import PromptPage, PromptState, PromptStatus, SetCounts, SetList
 from schemas.sampling import GREEDY
@@ -120,38 +121,33 @@ class PromptStates:
         """`GET /sets`: every set with its prompts counted by status and by sampling setting, and how far
         its ready prompts' responses are from the target (greedy ones: tokens not its argmax; sampled
         ones: tokens outside the support of their setting) - the agreement of the engine that made them;
-        the same for the prompts in no set and for all of them."""
+        the same for the prompts in no set and for all of them. Each prompt is looked up once, however
+        many groups count it: a pending one's manifest is a store read each time it is asked for."""
         captures = self.captures.states()
+        facts: dict[str, _PromptFacts] = {}
+
+        def counted(name: str, members: Sequence[str]) -> SetCounts:
+            for p in members:
+                if p not in facts:
+                    facts[p] = self._facts(p, captures)
+            return _counts(name, [facts[p] for p in members])
+
         everything = [r.prompt_id for r in self.registry.all()]
         memberships = self.sets.memberships()
         return SetList(
-            sets=[self._counts(name, self.set_members(name), captures) for name in self.sets.names()],
-            no_set=self._counts("", [p for p in everything if not memberships.get(p)], captures),
-            all_prompts=self._counts("", everything, captures),
+            sets=[counted(name, self.set_members(name)) for name in self.sets.names()],
+            no_set=counted("", [p for p in everything if not memberships.get(p)]),
+            all_prompts=counted("", everything),
         )
 
-    def _counts(self, name: str, members: Sequence[str], captures: dict[str, CaptureState]) -> SetCounts:
-        status_of = [(p, self.status(p, captures)) for p in members]
-        statuses = Counter(status for _, status in status_of)
-        phases = Counter(self._phase(p, captures) for p, status in status_of if status == PromptStatus.pending)
-        manifests = [m for p in members if (m := self.store.manifest(p)) is not None]
-        mismatches = [m.greedy_mismatches or 0 for m in manifests]
-        outside = [m.outside_support or 0 for m in manifests]
-        settings = Counter((r.sampling or GREEDY).setting for p in members if (r := self.registry.get(p)))
-        return SetCounts(
-            name=name,
-            total=sum(statuses.values()),
-            pending=statuses[PromptStatus.pending],
-            ready=statuses[PromptStatus.ready],
-            failed=statuses[PromptStatus.failed],
-            queued=phases["queued"],
-            generating=phases["generating"],
-            capturing=phases["capturing"],
-            greedy_mismatches=sum(mismatches),
-            prompts_not_greedy=sum(map(bool, mismatches)),
-            outside_support=sum(outside),
-            prompts_outside_support=sum(map(bool, outside)),
-            settings=dict(settings),
+    def _facts(self, prompt_id: str, captures: dict[str, CaptureState]) -> _PromptFacts:
+        status = self.status(prompt_id, captures)
+        reg = self.registry.get(prompt_id)
+        return _PromptFacts(
+            status=status,
+            phase=self._phase(prompt_id, captures) if status == PromptStatus.pending else None,
+            manifest=self.store.manifest(prompt_id) if status == PromptStatus.ready else None,
+            setting=(reg.sampling or GREEDY).setting if reg is not None else None,
         )
 
     def _phase(self, prompt_id: str, captures: dict[str, CaptureState]) -> PendingPhase:
@@ -190,3 +186,34 @@ class PromptStates:
 
 def _listed(spans: Spans | None) -> list[tuple[int, int]] | None:
     return list(spans) if spans is not None else None
+
+
+class _PromptFacts(NamedTuple):
+    """What `GET /sets` counts of one prompt."""
+
+    status: PromptStatus
+    phase: PendingPhase | None  # where a pending prompt is
+    manifest: PromptManifest | None  # a ready prompt's
+    setting: str | None  # its response's sampling setting (None: not registered)
+
+
+def _counts(name: str, prompts: Sequence[_PromptFacts]) -> SetCounts:
+    statuses = Counter(p.status for p in prompts)
+    phases = Counter(p.phase for p in prompts if p.phase is not None)
+    mismatches = [p.manifest.greedy_mismatches or 0 for p in prompts if p.manifest is not None]
+    outside = [p.manifest.outside_support or 0 for p in prompts if p.manifest is not None]
+    return SetCounts(
+        name=name,
+        total=sum(statuses.values()),
+        pending=statuses[PromptStatus.pending],
+        ready=statuses[PromptStatus.ready],
+        failed=statuses[PromptStatus.failed],
+        queued=phases["queued"],
+        generating=phases["generating"],
+        capturing=phases["capturing"],
+        greedy_mismatches=sum(mismatches),
+        prompts_not_greedy=sum(map(bool, mismatches)),
+        outside_support=sum(outside),
+        prompts_outside_support=sum(map(bool, outside)),
+        settings=dict(Counter(p.setting for p in prompts if p.setting is not None)),
+    )
