@@ -33,6 +33,7 @@ from eval_worker.evaluation.responses import rounds_warnings
 from eval_worker.evaluation.source import FeatureSource
 from eval_worker.evaluation.walk_types import DeviceHeads, DraftCost
 from eval_worker.families import FAMILIES
+from eval_worker.reports.conventions import chain_line
 from eval_worker.scoring.summary import by_set, summarize_set
 from schemas.model import ModelInfo
 from schemas.report import EvalCost, EvalReport, EvalSeconds, EvalSummary, PromptEval
@@ -254,7 +255,7 @@ def _report(run: _Run, info: ModelInfo, opts: EvalOptions) -> EvalReport:
         wall_time_s=time.perf_counter() - run.started,
         cost=cost,
     )
-    log.info("%s: chain tau %s over %d prompts", checkpoint.path, summary.chain.mean_tau, len(results))
+    log.info("%s: chain tau over %d prompts: %s", checkpoint.path, len(results), chain_line(summary))
     found = rounds_warnings(results, run.sets)
     for line in found:
         log.warning("%s: %s", checkpoint.path, line)

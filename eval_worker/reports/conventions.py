@@ -4,6 +4,9 @@ prompt together, total tokens / total rounds = 1 + accepted / drafts)."""
 
 from __future__ import annotations
 
+from eval_worker.reports.sampling_settings import by_setting
+from schemas.report import SetSummary
+
 PER_PROMPT = "per-prompt"
 POOLED = "pooled"
 TAU_LEGEND = (
@@ -15,3 +18,12 @@ TAU_LEGEND = (
 def fmt(x: float | None) -> str:
     """A tau, or `-` where there is none."""
     return "-" if x is None else f"{x:.3f}"
+
+
+def chain_line(summary: SetSummary) -> str:
+    """A log line's chain tau: per sampling setting (T = 0 first), both conventions labelled, never one
+    number averaging greedy and sampled responses."""
+    return "; ".join(
+        f"{setting}: {PER_PROMPT} {fmt(s.chain.mean_tau)}, {POOLED} {fmt(s.chain.tokens_per_round)}"
+        for setting, s in by_setting(summary).items()
+    )

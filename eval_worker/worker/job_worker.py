@@ -19,6 +19,7 @@ from eval_worker.checkpoints.loading import load_with_spec
 from eval_worker.errors import CheckpointRefused, NothingToWalk, WalkStopped
 from eval_worker.evaluation.progress import WalkProgress, WalkSoFar
 from eval_worker.evaluation.sweep import evaluate_checkpoints, feature_cache
+from eval_worker.reports.conventions import chain_line
 from eval_worker.settings import WorkerSettings
 from schemas.eval_spec import EvalSpec
 from schemas.jobs import Claim, JobProgress, JobStatus
@@ -177,7 +178,7 @@ class JobWorker:
                 continue
             try:
                 self.jobs.complete(claim.job.job_id, claim.lease, report)
-                log.info("job %s done: chain tau %s", claim.job.job_id, report.summary.chain.mean_tau)
+                log.info("job %s done: chain tau %s", claim.job.job_id, chain_line(report.summary))
             except LeaseLostError:
                 log.warning("job %s was taken over while running; this result was discarded", claim.job.job_id)
         return True
